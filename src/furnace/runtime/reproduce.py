@@ -1,0 +1,315 @@
+"""The `furnace reproduce` registry and report writer.
+
+Each system lists its experiments in its own ``experiments.py`` as ``EXPERIMENTS``, a
+list of `Experiment`. An experiment is a function of a `RunContext` that returns a
+`Result`: tables, PNG figures, and claims that put the paper's figure next to ours, each
+labelled by how our number was obtained (measured, emulated, virtual-clock, simulated,
+analytic). `run` executes a selection with a progress bar and writes ``report.md``,
+``results.json`` and the figures into one directory. Systems whose subpackage does not
+exist yet are skipped and listed as such in the report.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+import math
+import platform
+import time
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Kind = Literal["measured", "emulated", "virtual-clock", "simulated", "analytic"]
+KINDS: tuple[str, ...] = ("measured", "emulated", "virtual-clock", "simulated", "analytic")
+
+# (subpackage, what it implements), in report order
+SYSTEMS: tuple[tuple[str, str], ...] = (
+    ("runtime", "Shared runtime: launcher, instrumented collectives, network emulator"),
+    ("moe", "FasterMoE: expert-parallel MoE (PPoPP'22)"),
+    ("hybrid", "BaGuaLu: hybrid-parallel MoE training on supercomputers (PPoPP'22)"),
+    ("context_parallel", "UltraAttn: context parallelism for block-sparse attention (SC'25)"),
+    ("recsys", "Pattern-aware sparse communication for recommendation models (PPoPP'24)"),
+    ("decentralized", "Prague: heterogeneity-aware decentralized training (ASPLOS'20)"),
+    ("emulation", "Ape: emulated data types on accelerators (ICS'22)"),
+    ("deltaformer", "DeltaFormer (NeurIPS'25)"),
+    ("eigen", "Polynomial-filtered Lanczos eigensolver (SC'18, SC'19 reproduction)"),
+    ("normal_modes", "Planetary normal modes (SC'18, SC'19 reproduction)"),
+)
+SYSTEM_NAMES = tuple(name for name, _ in SYSTEMS)
+
+
+@dataclass
+class Table:
+    """A result table; ``kind`` labels where its numbers come from."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+    kind: str = "measured"
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        _check_kind(self.kind, f"table {self.title!r}")
+        for row in self.rows:
+            if len(row) != len(self.columns):
+                raise ValueError(f"table {self.title!r}: row {row} has {len(row)} cells, "
+                                 f"expected {len(self.columns)}")
+
+    def to_markdown(self) -> str:
+        head = f"**{self.title}** ({self.kind})"
+        lines = [head, "", "| " + " | ".join(self.columns) + " |",
+                 "|" + "|".join("---" for _ in self.columns) + "|"]
+        lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in self.rows]
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines)
+
+
+@dataclass
+class Claim:
+    """A paper's figure next to ours. ``holds`` says whether our figure meets the target."""
+
+    what: str
+    paper: str
+    ours: str
+    kind: str
+    source: str = ""
+    holds: bool | None = None
+
+    def __post_init__(self) -> None:
+        _check_kind(self.kind, f"claim {self.what!r}")
+
+
+@dataclass
+class Result:
+    tables: list[Table] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RunContext:
+    """What an experiment gets: where to write, how big to run, how to report progress."""
+
+    out_dir: Path
+    quick: bool
+    progress: Callable[[str], None] = lambda text: None
+
+    def save_figure(self, fig: Any, name: str) -> str:
+        """Save a matplotlib figure as ``name``.png; returns its path relative to the report."""
+        import matplotlib.pyplot as plt
+
+        path = self.out_dir / f"{name}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        plt.close(fig)
+        return path.relative_to(self.out_dir).as_posix()
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One reproduction: ``fn(ctx) -> Result``. ``quick`` puts it in the demo set."""
+
+    system: str
+    name: str
+    title: str
+    fn: Callable[[RunContext], Result]
+    quick: bool = True
+
+
+@dataclass
+class Outcome:
+    experiment: Experiment
+    seconds: float
+    result: Result | None
+    error: str | None = None
+
+
+def _check_kind(kind: str, what: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"{what}: kind must be one of {KINDS}, got {kind!r}")
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "n/a"
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|")
+
+
+def discover(system: str) -> list[Experiment] | None:
+    """The system's experiments, or None when its subpackage is not built yet."""
+    if system not in SYSTEM_NAMES:
+        raise ValueError(f"unknown system {system!r}; known: {', '.join(SYSTEM_NAMES)}")
+    module_name = f"furnace.{system}.experiments"
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name in (module_name, f"furnace.{system}"):
+            return None
+        raise
+    experiments = list(getattr(module, "EXPERIMENTS", []))
+    for exp in experiments:
+        if exp.system != system:
+            raise ValueError(f"{module_name} registers {exp.name!r} under {exp.system!r}")
+    return experiments
+
+
+def select(systems: Sequence[str], quick: bool) -> tuple[list[Experiment], list[str]]:
+    """Experiments to run and the systems that are not built yet."""
+    chosen, missing = [], []
+    for system in systems or SYSTEM_NAMES:
+        found = discover(system)
+        if found is None:
+            missing.append(system)
+            continue
+        chosen.extend(e for e in found if e.quick or not quick)
+    return chosen, missing
+
+
+def run(
+    systems: Sequence[str] = (),
+    *,
+    quick: bool = False,
+    out_dir: Path | str = "results",
+    show_progress: bool = True,
+) -> list[Outcome]:
+    """Run the selected experiments and write the report; returns each outcome."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    experiments, missing = select(systems, quick)
+    outcomes: list[Outcome] = []
+    started = time.perf_counter()
+    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
+               "{task.total}"), TimeElapsedColumn(), TextColumn("{task.fields[detail]}"))
+    with Progress(*columns, disable=not show_progress) as progress:
+        bar = progress.add_task("reproduce", total=len(experiments), detail="")
+        for exp in experiments:
+            label = f"{exp.system}/{exp.name}"
+            progress.update(bar, description=label, detail="")
+            ctx = RunContext(out_dir=out, quick=quick,
+                             progress=lambda text: progress.update(bar, detail=text))
+            t0 = time.perf_counter()
+            try:
+                result = exp.fn(ctx)
+                outcomes.append(Outcome(exp, time.perf_counter() - t0, result))
+            except Exception:  # noqa: BLE001
+                outcomes.append(Outcome(exp, time.perf_counter() - t0, None,
+                                        traceback.format_exc()))
+            progress.advance(bar)
+    total = time.perf_counter() - started
+    write_report(outcomes, missing, out, quick=quick, total_s=total,
+                 systems=list(systems) or list(SYSTEM_NAMES))
+    return outcomes
+
+
+def _environment() -> dict[str, Any]:
+    import os
+
+    import torch
+
+    from .. import __version__
+    from .calibrate import cpu_name
+
+    return {
+        "furnace": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def write_report(
+    outcomes: Iterable[Outcome],
+    missing: Sequence[str],
+    out: Path,
+    *,
+    quick: bool,
+    total_s: float,
+    systems: Sequence[str],
+) -> tuple[Path, Path]:
+    outcomes = list(outcomes)
+    env = _environment()
+    titles = dict(SYSTEMS)
+    md = [
+        "# Furnace reproduction report",
+        "",
+        f"Set: {'quick (demo)' if quick else 'full'}; total {total_s:.1f} s; "
+        f"furnace {env['furnace']}, torch {env['torch']}, Python {env['python']}; "
+        f"{env['cpu']}, {env['cores']} cores; {env['date']}.",
+        "",
+        "Labels: *measured* = wall clock on this machine; *emulated* = wall clock with "
+        "links slowed by the network emulator; *virtual-clock* = deterministic modelled "
+        "time; *simulated* = discrete-event simulator; *analytic* = closed-form model.",
+        "",
+        "| system | experiment | status | time (s) |",
+        "|---|---|---|---|",
+    ]
+    for o in outcomes:
+        status = "ok" if o.error is None else "FAILED"
+        md.append(f"| {o.experiment.system} | {o.experiment.name} | {status} | {o.seconds:.1f} |")
+    for system in missing:
+        md.append(f"| {system} | - | not built yet | - |")
+    for system in systems:
+        mine = [o for o in outcomes if o.experiment.system == system]
+        if not mine:
+            continue
+        md += ["", f"## {system}: {titles.get(system, '')}"]
+        for o in mine:
+            md += ["", f"### {o.experiment.title}", "",
+                   f"`furnace reproduce {system}{' --quick' if quick else ''}`; "
+                   f"took {o.seconds:.1f} s."]
+            if o.error is not None:
+                md += ["", "**Failed:**", "", "```", o.error.strip(), "```"]
+                continue
+            res = o.result
+            assert res is not None
+            if res.claims:
+                md += ["", "| claim | paper | ours | kind | meets target | source |",
+                       "|---|---|---|---|---|---|"]
+                for c in res.claims:
+                    holds = "" if c.holds is None else ("yes" if c.holds else "NO")
+                    md.append(f"| {c.what} | {c.paper} | {c.ours} | {c.kind} | {holds} | "
+                              f"{c.source} |")
+            for table in res.tables:
+                md += ["", table.to_markdown()]
+            for fig in res.figures:
+                md += ["", f"![{Path(fig).stem}]({fig})"]
+            for note in res.notes:
+                md += ["", note]
+    if missing:
+        md += ["", "## Not built yet", ""]
+        md += [f"- `{s}`: {titles.get(s, '')}" for s in missing]
+    report = out / "report.md"
+    report.write_text("\n".join(md) + "\n")
+    payload = {
+        "environment": env,
+        "quick": quick,
+        "total_s": total_s,
+        "not_built": list(missing),
+        "experiments": [
+            {
+                "system": o.experiment.system,
+                "name": o.experiment.name,
+                "title": o.experiment.title,
+                "seconds": o.seconds,
+                "error": o.error,
+                "result": asdict(o.result) if o.result is not None else None,
+            }
+            for o in outcomes
+        ],
+    }
+    results = out / "results.json"
+    results.write_text(json.dumps(payload, indent=2, default=str))
+    return report, results
