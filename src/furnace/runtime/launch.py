@@ -89,7 +89,8 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
         rank, world_size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         backend = dist.get_backend()
-        return DistributedContext(rank, world_size, local_rank, backend, _device_for(backend, local_rank))
+        device = _device_for(backend, local_rank)
+        return DistributedContext(rank, world_size, local_rank, backend, device)
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if is_torchrun():
@@ -285,7 +286,7 @@ def _reap(procs) -> None:
 
 def _worker(fn, rank, world_size, args, kwargs, backend, port, timeout_s, num_threads,
             results, stack_dir) -> None:
-    stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")  # noqa: SIM115
+    stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     if num_threads is not None:
         torch.set_num_threads(num_threads)
@@ -298,7 +299,7 @@ def _worker(fn, rank, world_size, args, kwargs, backend, port, timeout_s, num_th
             world_size=world_size,
             timeout=timedelta(seconds=max(timeout_s, 1.0)),
         )
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if "address already in use" in str(exc).lower() or "EADDRINUSE" in str(exc):
             results.put(("port", rank, None))
         else:
@@ -309,12 +310,12 @@ def _worker(fn, rank, world_size, args, kwargs, backend, port, timeout_s, num_th
             torch.cuda.set_device(rank % torch.cuda.device_count())
         out = fn(rank, world_size, *args, **kwargs)
         results.put(("ok", rank, out))
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         results.put(("error", rank, traceback.format_exc()))
     finally:
         try:
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         sys.stdout.flush()
         sys.stderr.flush()

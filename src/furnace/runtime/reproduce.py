@@ -180,13 +180,21 @@ def run(
     quick: bool = False,
     out_dir: Path | str = "results",
     show_progress: bool = True,
+    experiments: Sequence[Experiment] | None = None,
 ) -> list[Outcome]:
-    """Run the selected experiments and write the report; returns each outcome."""
+    """Run the selected experiments and write the report; returns each outcome.
+
+    ``experiments`` replaces discovery (for tests and scripts); ``systems`` then only
+    orders the report.
+    """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    experiments, missing = select(systems, quick)
+    if experiments is None:
+        experiments, missing = select(systems, quick)
+    else:
+        experiments, missing = list(experiments), []
     outcomes: list[Outcome] = []
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
@@ -202,14 +210,19 @@ def run(
             try:
                 result = exp.fn(ctx)
                 outcomes.append(Outcome(exp, time.perf_counter() - t0, result))
-            except Exception:  # noqa: BLE001
+            except Exception:
                 outcomes.append(Outcome(exp, time.perf_counter() - t0, None,
                                         traceback.format_exc()))
             progress.advance(bar)
     total = time.perf_counter() - started
     write_report(outcomes, missing, out, quick=quick, total_s=total,
-                 systems=list(systems) or list(SYSTEM_NAMES))
+                 systems=list(systems) or _ordered_systems(experiments))
     return outcomes
+
+
+def _ordered_systems(experiments: Sequence[Experiment]) -> list[str]:
+    known = [name for name in SYSTEM_NAMES if any(e.system == name for e in experiments)]
+    return known + sorted({e.system for e in experiments} - set(known))
 
 
 def _environment() -> dict[str, Any]:

@@ -36,7 +36,8 @@ def check_collectives(comm: Communicator, device: torch.device) -> list[str]:
     x = f64([r * 100 + i for i in range(n)])
     total = f64([sum(q * 100 + i for q in range(p)) for i in range(n)])
     expect("all_reduce", comm.all_reduce(x.clone()), total)
-    expect("all_reduce(max)", comm.all_reduce(x.clone(), "max"), f64([(p - 1) * 100 + i for i in range(n)]))
+    expect("all_reduce(max)", comm.all_reduce(x.clone(), "max"),
+           f64([(p - 1) * 100 + i for i in range(n)]))
     expect("all_gather", comm.all_gather(f64([r, r])), f64([q for q in range(p) for _ in range(2)]))
     expect("reduce_scatter", comm.reduce_scatter(x.clone()), total.chunk(p)[r])
     expect("broadcast", comm.broadcast(f64([r, 7]), src=p - 1), f64([p - 1, 7]))
