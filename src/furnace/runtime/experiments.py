@@ -88,10 +88,15 @@ def _measure_rank(rank: int, world_size: int, *, mode: str | None, sizes: list[i
 
 
 def _overlap_rank(rank: int, world_size: int, *, bandwidth: float, latency: float,
-                  numel: int, matmuls: int) -> dict:
+                  numel: int, compute_s: float) -> dict:
     topo = emulated_link(bandwidth_Bps=bandwidth, latency_s=latency)
     comm = Communicator(network=NetworkEmulator(NetworkEmulation(topology=topo)))
     a = torch.randn(256, 256)
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ a
+    # as many matmuls as take about compute_s here, so compute and transfer are comparable
+    matmuls = max(10, int(compute_s / ((time.perf_counter() - t0) / 10)))
 
     def compute() -> None:
         for _ in range(matmuls):
@@ -165,7 +170,7 @@ def emulator_vs_measured(ctx: RunContext) -> Result:
                          raw[key]["wall_s"] * 1e3])
     ctx.progress("overlap")
     overlap = run_distributed(_overlap_rank, 2, bandwidth=bandwidth, latency=latency,
-                              numel=2**18, matmuls=60 if ctx.quick else 200, timeout_s=120)
+                              numel=2**18, compute_s=0.1, timeout_s=120)
     ov = {k: max(o[k] for o in overlap) for k in overlap[0]}
 
     errors = [abs(p[4]) for p in points]

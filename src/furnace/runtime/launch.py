@@ -200,6 +200,8 @@ def _run_once(fn, world_size, args, kwargs, backend, timeout_s, num_threads) -> 
 def _collect(procs, results, world_size, timeout_s, stack_dir: Path) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     outputs: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    first_failure: float | None = None
     while len(outputs) < world_size:
         try:
             status, rank, payload = results.get(timeout=0.05)
@@ -207,36 +209,18 @@ def _collect(procs, results, world_size, timeout_s, stack_dir: Path) -> list[Any
             status = None
         if status == "ok":
             outputs[rank] = payload
-            continue
-        if status == "port":
+        elif status == "port":
             raise _PortTaken()
-        if status == "error":
-            raise DistributedError(
-                f"rank {rank} of {world_size} raised:\n{payload}", ranks=[rank], kind="exception"
-            )
-        dead = [
-            r for r, p in enumerate(procs)
-            if r not in outputs and not p.is_alive() and p.exitcode not in (None, 0)
-        ]
-        if dead:
-            # give a rank that raised a moment to deliver its traceback first
-            try:
-                status, rank, payload = results.get(timeout=1.0)
-                if status == "error":
-                    raise DistributedError(
-                        f"rank {rank} of {world_size} raised:\n{payload}",
-                        ranks=[rank],
-                        kind="exception",
-                    )
-                if status == "ok":
-                    outputs[rank] = payload
-                    continue
-            except queue.Empty:
-                pass
-            codes = ", ".join(f"rank {r} exit code {procs[r].exitcode}" for r in dead)
-            raise DistributedError(
-                f"{codes} (the process died without a Python exception)", ranks=dead, kind="exit"
-            )
+        elif status == "error":
+            errors[rank] = payload
+        dead = [r for r, p in enumerate(procs) if r not in outputs and r not in errors
+                and not p.is_alive() and p.exitcode not in (None, 0)]
+        if (errors or dead) and first_failure is None:
+            first_failure = time.monotonic()
+        # after a failure, wait a moment: the root cause may be a rank that died silently
+        # while its peers are still reporting the broken connections it left behind
+        if first_failure is not None and time.monotonic() - first_failure > 1.0:
+            raise _failure(world_size, errors, dead, procs)
         if time.monotonic() > deadline:
             hung = [r for r in range(world_size) if r not in outputs]
             stacks = _dump_stacks(procs, hung, stack_dir)
@@ -247,6 +231,15 @@ def _collect(procs, results, world_size, timeout_s, stack_dir: Path) -> list[Any
                 kind="timeout",
             )
     return [outputs[r] for r in range(world_size)]
+
+
+def _failure(world_size: int, errors: dict[int, str], dead: list[int], procs) -> DistributedError:
+    parts = [f"rank {r} of {world_size} died with exit code {procs[r].exitcode} "
+             "(no Python exception)" for r in dead]
+    parts += [f"rank {r} of {world_size} raised:\n{tb}" for r, tb in errors.items()]
+    if dead:
+        return DistributedError("\n".join(parts), ranks=dead, kind="exit")
+    return DistributedError("\n".join(parts), ranks=list(errors)[:1], kind="exception")
 
 
 def _dump_stacks(procs, ranks: list[int], stack_dir: Path) -> str:
