@@ -281,4 +281,4 @@ def test_log_summary_merge_json_and_table():
     assert CommLog.from_json(merged.to_json()).records == merged.records
     table = merged.table()
     assert table.row_count == 2
-    assert any("modelled" in str(c.header) for c in table.columns)
+    assert any("model ms" in str(c.header) for c in table.columns)

@@ -171,6 +171,10 @@ def _overlap(rank: int, world_size: int) -> dict:
     out = {}
     comm.barrier()
     t0 = time.perf_counter()
+    compute()
+    out["compute"] = time.perf_counter() - t0
+    comm.barrier()
+    t0 = time.perf_counter()
     comm.all_reduce(torch.zeros(2**18))
     compute()
     out["sequential"] = time.perf_counter() - t0
@@ -190,7 +194,10 @@ def test_compute_overlaps_emulated_communication():
     for r in out:
         # 1 MiB ring all-reduce on 2 ranks: 2 * 2 ms + 1 MiB / 10 MB/s = 109 ms modelled
         assert r["modelled"] == pytest.approx(0.109, rel=0.1)
-        assert r["overlapped"] < 0.8 * r["sequential"], r
+        # perfect overlap saves min(compute, transfer); demand at least half of that, so
+        # the test holds however fast this machine computes
+        saved = r["sequential"] - r["overlapped"]
+        assert saved > 0.5 * min(r["compute"], r["modelled"]), r
 
 
 def test_config_and_clock_errors(slow_link):

@@ -19,6 +19,7 @@ backward of a sum all-reduce is a sum all-reduce of the gradients.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -55,6 +56,11 @@ OPS = (
     "recv",
     "barrier",
 )
+
+# torch 2.13 renamed the flat-tensor collectives; older releases only have the old names.
+# The flat forms avoid per-rank tensor lists (gloo's list reduce-scatter is ~4x slower).
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM,
@@ -224,7 +230,7 @@ class CommLog:
         return sum(r.messages for r in self.select(op, rank))
 
     def summary(self) -> dict[tuple[int, str], OpSummary]:
-        """Totals per (rank, op), in first-seen order."""
+        """Totals per (rank, op): ranks in order, each rank's ops in first-seen order."""
         out: dict[tuple[int, str], OpSummary] = {}
         for r in self.records:
             s = out.setdefault((r.rank, r.op), OpSummary())
@@ -235,7 +241,7 @@ class CommLog:
             s.wall_s += r.wall_s
             if r.modelled_s is not None:
                 s.modelled_s = (s.modelled_s or 0.0) + r.modelled_s
-        return dict(sorted(out.items()))
+        return dict(sorted(out.items(), key=lambda item: item[0][0]))
 
     @classmethod
     def merge(cls, logs: Iterable[CommLog]) -> CommLog:
@@ -258,20 +264,23 @@ class CommLog:
         return cls([CommRecord(**d) for d in json.loads(text)])
 
     def table(self, title: str = "communication per rank") -> Table:
+        from rich import box
         from rich.table import Table
 
-        table = Table(title=title)
-        for col in ("rank", "op", "calls", "sent", "received", "messages", "wall ms"):
-            table.add_column(col, justify="left" if col == "op" else "right")
         modelled = any(r.modelled_s is not None for r in self.records)
         if modelled:
             clocks = sorted({r.clock for r in self.records if r.modelled_s is not None})
-            table.add_column(f"modelled ms ({'/'.join(clocks)})", justify="right")
+            title = f"{title} (modelled: {'/'.join(clocks)})"
+        table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+        for col in ("rank", "op", "calls", "sent", "recv", "msgs", "wall ms"):
+            table.add_column(col, justify="left" if col == "op" else "right")
+        if modelled:
+            table.add_column("model ms", justify="right")
         for (rank, op), s in self.summary().items():
             row = [str(rank), op, str(s.calls), format_bytes(s.bytes_sent),
                    format_bytes(s.bytes_received), str(s.messages), f"{s.wall_s * 1e3:.2f}"]
             if modelled:
-                row.append("" if s.modelled_s is None else f"{s.modelled_s * 1e3:.2f}")
+                row.append("" if s.modelled_s is None else f"{s.modelled_s * 1e3:.3g}")
             table.add_row(*row)
         return table
 
@@ -334,6 +343,9 @@ class Communicator:
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.global_ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+        # where small helper tensors (emulator control messages) must live for this backend
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if dist.get_backend(group) == "nccl" else torch.device("cpu"))
 
     def global_rank(self, group_rank: int) -> int:
         if not 0 <= group_rank < self.world_size:
@@ -376,20 +388,21 @@ class Communicator:
 
     def all_gather(self, tensor: torch.Tensor, *, async_op: bool = False):
         """Concatenation of every rank's ``tensor`` along dim 0 (equal shapes)."""
-        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        work = dist.all_gather(parts, tensor.contiguous(), group=self.group, async_op=True)
+        _need_dim0("all_gather", tensor)
+        out = tensor.new_empty((self.world_size * tensor.shape[0], *tensor.shape[1:]))
+        work = _all_gather_flat(out, tensor.contiguous(), group=self.group, async_op=True)
         tr = self._traffic("all_gather", nbytes=_nbytes(tensor))
-        return self._issue("all_gather", tensor, tr, work, lambda: torch.cat(parts), async_op)
+        return self._issue("all_gather", tensor, tr, work, out, async_op)
 
     def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False):
         """This rank's dim-0 chunk of the elementwise reduction of every rank's ``tensor``."""
+        _need_dim0("reduce_scatter", tensor)
         if tensor.shape[0] % self.world_size:
             raise ValueError(f"reduce_scatter: dim 0 ({tensor.shape[0]}) is not divisible "
                              f"by the group size {self.world_size}")
-        chunks = [c.contiguous() for c in tensor.chunk(self.world_size)]
-        out = torch.empty_like(chunks[0])
-        work = dist.reduce_scatter(out, chunks, op=_reduce_op(op), group=self.group,
-                                   async_op=True)
+        out = tensor.new_empty((tensor.shape[0] // self.world_size, *tensor.shape[1:]))
+        work = _reduce_scatter_flat(out, tensor.contiguous(), op=_reduce_op(op),
+                                    group=self.group, async_op=True)
         tr = self._traffic("reduce_scatter", nbytes=_nbytes(out))
         return self._issue("reduce_scatter", tensor, tr, work, out, async_op)
 
@@ -420,6 +433,7 @@ class Communicator:
         Every rank must call it, including ranks that send or receive nothing, and the
         splits must agree across ranks (exchange counts first when they are data-dependent).
         """
+        _need_dim0("all_to_all_single", tensor)
         p = self.world_size
         rows_in = _splits(input_split_sizes, tensor.shape[0], p, "input")
         if output_split_sizes is None:
@@ -430,8 +444,7 @@ class Communicator:
             rows_out = [int(s) for s in output_split_sizes]
             if len(rows_out) != p or min(rows_out, default=0) < 0:
                 raise ValueError(f"all_to_all_single: need {p} non-negative output splits")
-        row_bytes = _nbytes(tensor) // tensor.shape[0] if tensor.shape[0] else (
-            tensor[0:0].element_size() * int(torch.tensor(tensor.shape[1:]).prod().item()))
+        row_bytes = tensor.element_size() * math.prod(tensor.shape[1:])
         out = tensor.new_empty((sum(rows_out), *tensor.shape[1:]))
         work = dist.all_to_all_single(out, tensor.contiguous(), rows_out, rows_in,
                                       group=self.group, async_op=True)
@@ -467,6 +480,11 @@ def _reduce_op(op: str) -> dist.ReduceOp:
         return _REDUCE_OPS[op]
     except KeyError:
         raise ValueError(f"unknown reduce op {op!r}; known: {sorted(_REDUCE_OPS)}") from None
+
+
+def _need_dim0(op: str, tensor: torch.Tensor) -> None:
+    if tensor.dim() == 0:
+        raise ValueError(f"{op} works along dim 0; got a 0-d tensor (reshape it to (1,))")
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -164,7 +164,7 @@ class NetworkEmulator:
         now = self.now()
         pending = _Pending(issued=now, kind=kind)
         if kind == "recv":
-            pending.control = torch.zeros(1, dtype=torch.float64)
+            pending.control = torch.zeros(1, dtype=torch.float64, device=comm.device)
             pending.work = dist.irecv(pending.control, comm.global_rank(peer), group=comm.group)
             return pending
         start = max(now, self.link_free)
@@ -172,7 +172,7 @@ class NetworkEmulator:
         if kind == "send":
             pending.end = start + duration
             self.link_free = pending.end
-            pending.control = torch.tensor([pending.end], dtype=torch.float64)
+            pending.control = torch.tensor([pending.end], dtype=torch.float64, device=comm.device)
             pending.work = dist.isend(pending.control, comm.global_rank(peer), group=comm.group)
             return pending
         # provisional until the members' starts and durations are known
@@ -180,7 +180,8 @@ class NetworkEmulator:
         if comm.world_size == 1:
             pending.end = start + duration
             return pending
-        pending.control = torch.tensor([start, duration], dtype=torch.float64)
+        pending.control = torch.tensor([start, duration], dtype=torch.float64,
+                                       device=comm.device)
         pending.work = dist.all_reduce(pending.control, op=dist.ReduceOp.MAX, group=comm.group,
                                        async_op=True)
         return pending

@@ -293,8 +293,8 @@ def write_report(
                        "|---|---|---|---|---|---|"]
                 for c in res.claims:
                     holds = "" if c.holds is None else ("yes" if c.holds else "NO")
-                    md.append(f"| {c.what} | {c.paper} | {c.ours} | {c.kind} | {holds} | "
-                              f"{c.source} |")
+                    cells = [c.what, c.paper, c.ours, c.kind, holds, c.source]
+                    md.append("| " + " | ".join(_cell(x) for x in cells) + " |")
             for table in res.tables:
                 md += ["", table.to_markdown()]
             for fig in res.figures:
