@@ -1,0 +1,265 @@
+"""FasterMoE's performance model (PPoPP'22, sections 3-4): latency of an MoE layer step with
+load imbalance, the cost rules behind dynamic shadowing and the smart schedule, and the
+DDL-Roofline.
+
+One training step of one MoE layer, per worker w (design note `moe_bagualu.md` A.3):
+
+    L_w    = tokens expert-computed on w (its experts' tokens from every sender, plus its
+             own tokens of shadowed experts)
+    comp_w = 3 * (4 H F) * L_w / P                      fwd + 2x for bwd, two GEMMs/token
+    comm_w = 4 * max(out_w, in_w) * H * s / beta       dispatch + combine, fwd and bwd
+    shadow = 2 * (#shadowed) * param_bytes / beta      broadcast params + reduce grads
+    T_base = max_w (comp_w + comm_w) + shadow           nothing overlapped (FastMoE)
+
+The smart schedule splits the exchange into n = W / G steps (groups of G workers) and
+overlaps step i's compute with the other steps' transfers (A.5 recurrences, one FIFO
+link per worker shared by sends S_i and returns R_i, compute separate):
+
+    tS[i] = tS[i-1] + S_i;  tC[i] = max(tC[i-1], tS[i]) + C_i;
+    tR[i] = max(tR[i-1], tC[i]) + R_i  with tR[-1] = tS[n-1] + shadow
+
+applied to forward and backward (backward compute 2x). GEMM efficiency of a block of b
+tokens is P * b / (b + b_half), so tiny steps pay for their small GEMMs.
+
+All arithmetic is float64 on integer counts, so every rank reaches the same decision.
+Symbols: W workers, E experts per worker, N = W*E experts, H d_model, F d_hidden,
+s bytes per element, P FLOP/s per worker, beta bytes/s per worker, c[w, e] tokens that
+worker w routes to expert e.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from furnace.runtime.topology import Topology, dtype_name
+
+
+@dataclass(frozen=True)
+class StepLatency:
+    """Modelled seconds of one layer step; ``total`` is what the step takes."""
+
+    compute_s: tuple[float, ...]
+    comm_s: tuple[float, ...]
+    shadow_s: float
+    total: float
+
+    @property
+    def max_compute_s(self) -> float:
+        return max(self.compute_s)
+
+    @property
+    def max_comm_s(self) -> float:
+        return max(self.comm_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoEPerfModel:
+    """Hardware and layer constants of the model.
+
+    Args:
+        d_model, d_hidden: H and F of the 2-layer MLP experts.
+        bytes_per_element: s (4 for fp32 activations and parameters).
+        flops_per_s: P, achieved GEMM FLOP/s per worker.
+        bandwidth_Bps: beta, bytes/s per worker on the bottleneck link.
+        latency_s: alpha, per message.
+        half_efficiency_tokens: b_half of the GEMM efficiency curve (0: always peak).
+    """
+
+    d_model: int
+    d_hidden: int
+    flops_per_s: float
+    bandwidth_Bps: float
+    bytes_per_element: int = 4
+    latency_s: float = 0.0
+    half_efficiency_tokens: float = 0.0
+
+    @classmethod
+    def from_topology(cls, topology: Topology, *, d_model: int, d_hidden: int,
+                      dtype: torch.dtype | str = torch.float32, world_size: int | None = None,
+                      half_efficiency_tokens: float = 0.0) -> MoEPerfModel:
+        """Constants from a topology: its device's peak and the slowest link of the group."""
+        ranks = range(world_size if world_size is not None else topology.ranks_per_node * 2)
+        level = topology.slowest_level(ranks) or "intra_node"
+        link = topology.link_for(level)
+        name = dtype_name(dtype)
+        size = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}.get(name, 4)
+        return cls(d_model=d_model, d_hidden=d_hidden, bytes_per_element=size,
+                   flops_per_s=topology.device.flops(name), bandwidth_Bps=link.bandwidth_Bps,
+                   latency_s=link.latency_s, half_efficiency_tokens=half_efficiency_tokens)
+
+    def with_(self, **changes) -> MoEPerfModel:
+        return replace(self, **changes)
+
+    @property
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token and expert: 4 H F."""
+        return 4.0 * self.d_model * self.d_hidden
+
+    @property
+    def token_bytes(self) -> float:
+        return float(self.d_model * self.bytes_per_element)
+
+    @property
+    def param_bytes(self) -> float:
+        """One expert's parameters: 2 H F weights + F + H biases."""
+        return float((2 * self.d_model * self.d_hidden + self.d_hidden + self.d_model)
+                     * self.bytes_per_element)
+
+    def gemm_time(self, tokens: float, passes: float = 1.0) -> float:
+        """Seconds for ``passes`` forward-equivalents of ``tokens`` tokens on one expert."""
+        if tokens <= 0:
+            return 0.0
+        eff = tokens / (tokens + self.half_efficiency_tokens)
+        return passes * self.flops_per_token * tokens / (self.flops_per_s * eff)
+
+    def transfer_time(self, tokens: float, messages: int = 1) -> float:
+        if tokens <= 0:
+            return 0.0
+        return messages * self.latency_s + tokens * self.token_bytes / self.bandwidth_Bps
+
+    # --- load and traffic -------------------------------------------------------------
+
+    @staticmethod
+    def loads(counts_WN: np.ndarray, experts_per_rank: int,
+              shadow_N: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per worker: tokens computed, tokens sent to others, tokens received from others."""
+        counts = np.asarray(counts_WN, dtype=np.float64)
+        W, N = counts.shape
+        owner = np.arange(N) // experts_per_rank
+        shadow = np.zeros(N, bool) if shadow_N is None else np.asarray(shadow_N, bool)
+        routed = counts * ~shadow
+        computed = np.zeros(W)
+        np.add.at(computed, owner, routed.sum(0))
+        computed += (counts * shadow).sum(1)
+        remote = owner[None, :] != np.arange(W)[:, None]
+        out = (routed * remote).sum(1)
+        incoming = np.zeros(W)
+        np.add.at(incoming, owner, (routed * remote).sum(0))
+        return computed, out, incoming
+
+    def step_latency(self, counts_WN: np.ndarray, experts_per_rank: int,
+                     shadow_N: np.ndarray | None = None) -> StepLatency:
+        """T_base: compute, then the four exchanges, nothing overlapped (FastMoE)."""
+        computed, out, incoming = self.loads(counts_WN, experts_per_rank, shadow_N)
+        comp = tuple(self.gemm_time(t, 3.0) for t in computed)
+        comm = tuple(4 * self.transfer_time(max(o, i)) for o, i in zip(out, incoming))
+        num_shadow = 0 if shadow_N is None else int(np.count_nonzero(shadow_N))
+        shadow = 2 * num_shadow * (self.latency_s + self.param_bytes / self.bandwidth_Bps)
+        total = max(c + m for c, m in zip(comp, comm)) + shadow
+        return StepLatency(comp, comm, shadow, total)
+
+    # --- dynamic shadowing ------------------------------------------------------------
+
+    def shadow_policy(self, counts_WN: np.ndarray, experts_per_rank: int) -> np.ndarray:
+        """Which experts to replicate on every worker this iteration (FasterMoE 4.1).
+
+        Greedy in descending expert load (load = tokens from all senders, ties by expert
+        id): shadow the next expert while the modelled step latency keeps falling; keep
+        the best set only if it beats not shadowing. The loads are summed over senders
+        per expert: FastMoE's released policy sums over experts per sender instead and
+        never shadows (design note A.4).
+        """
+        counts = np.asarray(counts_WN, dtype=np.float64)
+        N = counts.shape[1]
+        order = sorted(range(N), key=lambda e: (-counts[:, e].sum(), e))
+        shadow = np.zeros(N, bool)
+        best = self.step_latency(counts, experts_per_rank, shadow).total
+        best_mask = shadow.copy()
+        for e in order:
+            if counts[:, e].sum() == 0:
+                break
+            shadow[e] = True
+            lat = self.step_latency(counts, experts_per_rank, shadow).total
+            if lat >= best:
+                break
+            best, best_mask = lat, shadow.copy()
+        return best_mask
+
+    # --- smart schedule -----------------------------------------------------------------
+
+    def schedule_steps(self, world_size: int, group_size: int, rank: int) -> list[list[int]]:
+        """Peers this rank sends to at each step: the ranks of group (g + i) mod n."""
+        if group_size < 1 or world_size % group_size:
+            raise ValueError(f"group_size {group_size} must divide world_size {world_size}")
+        n = world_size // group_size
+        g = rank // group_size
+        return [[((g + i) % n) * group_size + j for j in range(group_size)] for i in range(n)]
+
+    def smart_latency(self, counts_WN: np.ndarray, experts_per_rank: int, group_size: int,
+                      shadow_N: np.ndarray | None = None) -> StepLatency:
+        """Step latency with the group-wise pipelined exchange (forward + backward)."""
+        counts = np.asarray(counts_WN, dtype=np.float64)
+        W, N = counts.shape
+        shadow = np.zeros(N, bool) if shadow_N is None else np.asarray(shadow_N, bool)
+        routed = counts * ~shadow
+        owner = np.arange(N) // experts_per_rank
+        num_shadow = int(shadow.sum())
+        shadow_s = 2 * num_shadow * (self.latency_s + self.param_bytes / self.bandwidth_Bps)
+        comp_w, comm_w, totals = [], [], []
+        for w in range(W):
+            steps = self.schedule_steps(W, group_size, w)
+            sends, computes, returns = [], [], []
+            for i, targets in enumerate(steps):
+                sources = self.schedule_steps(W, group_size, w)[(-i) % len(steps)]
+                out = sum(routed[w, owner == t].sum() for t in targets if t != w)
+                inc = sum(routed[s, owner == w].sum() for s in sources if s != w)
+                mine = sum(routed[s, owner == w].sum() for s in sources)
+                sends.append(self.transfer_time(max(out, inc), len(targets)))
+                computes.append(self.gemm_time(mine))
+                returns.append(self.transfer_time(max(out, inc), len(targets)))
+            local_shadow = self.gemm_time((counts[w] * shadow).sum())
+            # forward pipeline, then the backward pipeline with twice the compute
+            fwd = _pipeline(sends, computes, returns, shadow_s / 2, local_shadow)
+            bwd = _pipeline(sends, [2 * c for c in computes], returns, shadow_s / 2,
+                            2 * local_shadow)
+            totals.append(fwd + bwd)
+            comp_w.append(3 * (sum(computes) + local_shadow))
+            comm_w.append(2 * (sum(sends) + sum(returns)))
+        return StepLatency(tuple(comp_w), tuple(comm_w), shadow_s, max(totals))
+
+    def choose_group_size(self, counts_WN: np.ndarray, experts_per_rank: int,
+                          shadow_N: np.ndarray | None = None) -> int:
+        """The divisor G of W with the lowest modelled smart-schedule latency (ties: larger G)."""
+        W = np.asarray(counts_WN).shape[0]
+        sizes = [g for g in range(W, 0, -1) if W % g == 0]
+        return min(sizes, key=lambda g: self.smart_latency(counts_WN, experts_per_rank, g,
+                                                           shadow_N).total)
+
+    # --- DDL-Roofline -----------------------------------------------------------------
+
+    def intensity(self, counts_WN: np.ndarray, experts_per_rank: int,
+                  shadow_N: np.ndarray | None = None) -> float:
+        """I = FLOPs per worker / bytes per worker on its link (the bottleneck worker)."""
+        computed, out, incoming = self.loads(counts_WN, experts_per_rank, shadow_N)
+        flops = 3 * self.flops_per_token * computed.max()
+        traffic = 4 * np.maximum(out, incoming).max() * self.token_bytes
+        num_shadow = 0 if shadow_N is None else int(np.count_nonzero(shadow_N))
+        traffic += 2 * num_shadow * self.param_bytes
+        return float(flops / traffic) if traffic > 0 else float("inf")
+
+    def roof(self, intensity: float) -> float:
+        """The attainable FLOP/s per worker at intensity I: min(P, I * beta)."""
+        return min(self.flops_per_s, intensity * self.bandwidth_Bps)
+
+    def serial_curve(self, intensity: float) -> float:
+        """FLOP/s per worker with no overlap: 1 / (1/P + 1/(I beta))."""
+        return 1.0 / (1.0 / self.flops_per_s + 1.0 / (intensity * self.bandwidth_Bps))
+
+
+def _pipeline(sends, computes, returns, shadow_s: float, local_s: float) -> float:
+    """FasterMoE A.5 recurrences for one pass: sends first on the link, then returns."""
+    t_send = 0.0
+    t_comp = 0.0
+    finish_sends = []
+    for s in sends:
+        t_send += s
+        finish_sends.append(t_send)
+    t_ret = t_send + shadow_s
+    for i, (c, r) in enumerate(zip(computes, returns)):
+        t_comp = max(t_comp, finish_sends[i]) + c
+        t_ret = max(t_ret, t_comp) + r
+    # shadowed experts run on local tokens once the steps' compute is done
+    return max(t_ret, t_comp + local_s)
