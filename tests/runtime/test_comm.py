@@ -30,9 +30,9 @@ from furnace.runtime.testing import assert_close
         # ring all-gather / reduce-scatter: (p-1) * n each way, p-1 messages
         ("all_gather", 4, {"nbytes": 40}, (120, 120, 3)),
         ("reduce_scatter", 4, {"nbytes": 12}, (36, 36, 3)),
-        # flat-tree broadcast: the root sends N to each other rank
-        ("broadcast", 4, {"nbytes": 80, "root": 0}, (240, 0, 3)),
-        ("reduce", 4, {"nbytes": 40, "root": 0}, (0, 120, 0)),
+        # pipelined chain: the root only sends, the end of the chain only receives
+        ("broadcast", 4, {"nbytes": 80, "root": 0}, (80, 0, 1)),
+        ("reduce", 4, {"nbytes": 40, "root": 0}, (0, 40, 0)),
         ("send", 2, {"nbytes": 56, "peer": 1}, (56, 0, 1)),
         ("recv", 2, {"nbytes": 56, "peer": 1}, (0, 56, 0)),
         ("barrier", 4, {}, (0, 0, 3)),
@@ -46,9 +46,16 @@ def test_traffic_model_root_rank(op, p, kw, expected):
 
 
 def test_traffic_model_non_root_and_all_to_all():
-    assert traffic("broadcast", rank=2, world_size=4, nbytes=80, root=0).bytes_received == 80
-    tr = traffic("reduce", rank=3, world_size=4, nbytes=40, root=0)
+    # broadcast from 0 on 4 ranks: chain 0 -> 1 -> 2 -> 3
+    tr = traffic("broadcast", rank=2, world_size=4, nbytes=80, root=0)
+    assert (tr.bytes_sent, tr.bytes_received, tr.messages) == (80, 80, 1)
+    tr = traffic("broadcast", rank=3, world_size=4, nbytes=80, root=0)
+    assert (tr.bytes_sent, tr.bytes_received, tr.messages) == (0, 80, 0)
+    # reduce to 0 on 4 ranks: chain 1 -> 2 -> 3 -> 0
+    tr = traffic("reduce", rank=1, world_size=4, nbytes=40, root=0)
     assert (tr.bytes_sent, tr.bytes_received, tr.messages) == (40, 0, 1)
+    tr = traffic("reduce", rank=3, world_size=4, nbytes=40, root=0)
+    assert (tr.bytes_sent, tr.bytes_received, tr.messages) == (40, 40, 1)
     # self traffic is free; an empty destination costs no message
     tr = traffic("all_to_all_single", rank=1, world_size=3, send_bytes=[8, 100, 0],
                  recv_bytes=[0, 100, 16])
@@ -96,7 +103,8 @@ def _every_op(rank: int, world_size: int) -> tuple[list[dict], dict]:
 
 # (op, rank) -> (bytes sent, bytes received, messages), worked out by hand from the
 # sizes in _every_op: all_reduce 96 B, all_gather 40 B in, reduce_scatter 12 B out,
-# broadcast 80 B from rank 1, reduce 40 B to rank 0, a2a rows of 8 B with
+# broadcast 80 B from rank 1 (chain 1 -> 2 -> 3 -> 0), reduce 40 B to rank 0 (chain
+# 1 -> 2 -> 3 -> 0), a2a rows of 8 B with
 # rank + 2 * dst + 1 rows from rank to dst, send 56 B from 0 to 1.
 EXPECTED_BYTES = {
     2: {
@@ -112,8 +120,9 @@ EXPECTED_BYTES = {
     4: {
         ("all_reduce", 0): (144, 144, 6), ("all_reduce", 3): (144, 144, 6),
         ("all_gather", 2): (120, 120, 3), ("reduce_scatter", 3): (36, 36, 3),
-        ("broadcast", 1): (240, 0, 3), ("broadcast", 2): (0, 80, 0),
-        ("reduce", 0): (0, 120, 0), ("reduce", 3): (40, 0, 1),
+        ("broadcast", 1): (80, 0, 1), ("broadcast", 2): (80, 80, 1),
+        ("broadcast", 0): (0, 80, 0),
+        ("reduce", 0): (0, 40, 0), ("reduce", 3): (40, 40, 1), ("reduce", 1): (40, 0, 1),
         # rank 0: sends 3 + 5 + 7 rows, receives 2 + 3 + 4 rows
         ("all_to_all_single", 0): (120, 72, 3),
         # rank 3: sends 4 + 6 + 8 rows, receives 7 + 8 + 9 rows

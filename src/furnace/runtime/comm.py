@@ -6,10 +6,10 @@ sends and receives, its message count and its wall time; with an emulator it als
 completes no earlier than the modelled time and records that time.
 
 The byte model of every op is written once, in `traffic`, and states the algorithm it
-assumes (ring for all-reduce, all-gather and reduce-scatter; a flat tree for broadcast
-and reduce; direct exchange for all-to-all and point-to-point). These are models of the
-volume a bandwidth-optimal algorithm moves, which is what cost models need; a backend
-may move bytes differently inside.
+assumes (ring for all-reduce, all-gather and reduce-scatter; a pipelined chain for
+broadcast and reduce, as NCCL does; direct exchange for all-to-all and point-to-point).
+These are models of the volume a bandwidth-optimal algorithm moves, which is what cost
+models need; a backend may move bytes differently inside.
 
 `all_to_all_single_autograd` and `all_reduce_autograd` are the differentiable duals:
 the backward of an uneven all-to-all is the all-to-all with the splits swapped, and the
@@ -119,8 +119,9 @@ def traffic(
         all_reduce (ring reduce-scatter + all-gather): sends and receives 2(p-1)/p * N
             in 2(p-1) steps.
         all_gather, reduce_scatter (ring): sends and receives (p-1) * n in p-1 steps.
-        broadcast (flat tree): the root sends N to each of the p-1 others; each
-            other rank receives N. reduce is the mirror image.
+        broadcast (pipelined chain root -> root+1 -> ... -> root-1): every rank but
+            the root receives N and every rank but the last forwards it, in p-1 latency
+            steps; reduce runs the chain the other way, ending at the root.
         all_to_all_single: each rank sends send_bytes[j] to every j != rank, receives
             recv_bytes[j], one message per non-empty destination, all in one step.
         send/recv: N bytes, one message. barrier: no payload, one step.
@@ -139,16 +140,13 @@ def traffic(
         moved = (p - 1) * nbytes
         return Traffic(moved, moved, p - 1, p - 1, "ring", ((nxt, moved, 0), (prv, 0, moved)))
     if op in ("broadcast", "reduce"):
-        outward = op == "broadcast"
-        if rank == root:
-            peers = tuple((j, nbytes, 0) if outward else (j, 0, nbytes)
-                          for j in range(p) if j != root)
-            total = (p - 1) * nbytes
-            return Traffic(total if outward else 0, 0 if outward else total,
-                           p - 1 if outward else 0, 1, "direct", peers)
-        peers = ((root, 0, nbytes),) if outward else ((root, nbytes, 0),)
-        return Traffic(0 if outward else nbytes, nbytes if outward else 0,
-                       0 if outward else 1, 1, "direct", peers)
+        # position along the chain; broadcast starts at the root, reduce ends there
+        pos = (rank - root) % p if op == "broadcast" else (rank - root - 1) % p
+        first, last = pos == 0, pos == p - 1
+        sent = 0 if last else nbytes
+        received = 0 if first else nbytes
+        return Traffic(sent, received, 0 if last else 1, p - 1, "ring",
+                       ((nxt, sent, 0), (prv, 0, received)))
     if op == "all_to_all_single":
         if send_bytes is None or recv_bytes is None:
             raise ValueError("all_to_all_single needs send_bytes and recv_bytes per rank")
