@@ -1,0 +1,47 @@
+"""Routers for `MoELayer`, one per file on `BaseGate`; `make_gate` builds one by name."""
+
+from __future__ import annotations
+
+from .base import BaseGate, GateContext, GateOutput
+from .gshard import GShardGate
+from .naive import NaiveGate
+from .noisy import NoisyGate
+from .swipe import SwipeGate
+from .switch import SwitchGate
+from .topology import TopologyGate
+from .zero import ZeroGate
+
+GATES: dict[str, type[BaseGate]] = {
+    "naive": NaiveGate,
+    "noisy": NoisyGate,
+    "gshard": GShardGate,
+    "switch": SwitchGate,
+    "swipe": SwipeGate,
+    "topology": TopologyGate,
+    "zero": ZeroGate,
+}
+
+
+def make_gate(name: str, d_model: int, num_experts: int, top_k: int, **kwargs) -> BaseGate:
+    """A gate by name (see `GATES`); keyword arguments go to its constructor."""
+    try:
+        cls = GATES[name]
+    except KeyError:
+        raise ValueError(f"unknown gate {name!r}; known: {sorted(GATES)}") from None
+    return cls(d_model, num_experts, top_k, **kwargs)
+
+
+__all__ = [
+    "GATES",
+    "BaseGate",
+    "GShardGate",
+    "GateContext",
+    "GateOutput",
+    "NaiveGate",
+    "NoisyGate",
+    "SwipeGate",
+    "SwitchGate",
+    "TopologyGate",
+    "ZeroGate",
+    "make_gate",
+]
