@@ -98,3 +98,31 @@ def test_roofline():
     counts = np.array([[0, 5], [5, 0]])
     # 3 * 4 * 5 FLOP over 4 * 5 * 4 bytes
     assert m.intensity(counts, 1) == pytest.approx(60 / 80)
+
+
+def test_vectorised_schedule_matches_scalar_recurrence():
+    # the vectorised smart_latency against _pipeline, worker by worker, on random counts
+    rng = np.random.default_rng(0)
+    m = model(latency_s=0.1, half_efficiency_tokens=3.0, step_overhead_s=0.05)
+    counts = rng.integers(0, 20, size=(8, 16)).astype(float)
+    shadow = np.zeros(16, bool)
+    shadow[3] = True
+    for g in (1, 2, 4, 8):
+        got = m.smart_latency(counts, 2, g, shadow).total
+        out, inc, mine = m.step_traffic(counts, 2, g, shadow)
+        shadow_s = 2 * (m.latency_s + m.param_bytes / m.bandwidth_Bps)
+        ends = []
+        for w in range(8):
+            links = [(m.transfer_time(max(o, i)) if max(o, i) > 0 else 0.0)
+                     + m.step_overhead_s for o, i in zip(out[w], inc[w])]
+            comps = [m.gemm_time(t) for t in mine[w]]
+            local = m.gemm_time(counts[w, 3])
+            ends.append(_pipeline(links, comps, links, shadow_s / 2, local)
+                        + _pipeline(links, [2 * c for c in comps], links, shadow_s / 2,
+                                    2 * local))
+        assert got == pytest.approx(max(ends), rel=1e-12)
+    # the traffic of step i goes to group (g + i) mod n: check one worker by hand
+    out, inc, mine = m.step_traffic(counts, 2, 4, shadow)
+    to_rank = (counts * ~shadow).reshape(8, 8, 2).sum(2)
+    assert out[5, 1] == to_rank[5, 0:4].sum()
+    assert inc[5, 0] == to_rank[4:8, 5].sum() - to_rank[5, 5]

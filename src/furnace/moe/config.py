@@ -28,6 +28,7 @@ class ExpertParallelConfig:
         topology: the machine the cost rules assume (P, beta, alpha); FasterMoE's V100
             testbed by default. Use the emulated machine's topology when emulating.
         half_efficiency_tokens: b_half of the modelled GEMM efficiency P*b/(b+b_half).
+        step_overhead_s: modelled fixed cost of one exchange step (see `MoEPerfModel`).
     """
 
     shadowing: bool = False
@@ -36,9 +37,10 @@ class ExpertParallelConfig:
     group_size: int | None = None
     topology: Topology = field(default_factory=v100_50gbps)
     half_efficiency_tokens: float = 0.0
+    step_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.group_size is not None and self.group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {self.group_size}")
-        if self.half_efficiency_tokens < 0:
-            raise ValueError("half_efficiency_tokens must be >= 0")
+        if self.half_efficiency_tokens < 0 or self.step_overhead_s < 0:
+            raise ValueError("half_efficiency_tokens and step_overhead_s must be >= 0")

@@ -161,7 +161,8 @@ def expert_parallel(model: nn.Module, comm: Communicator,
         perf = MoEPerfModel.from_topology(config.topology, d_model=layer.d_model,
                                           d_hidden=layer.experts.d_hidden,
                                           dtype=layer.experts.w1_EDF.dtype, world_size=W,
-                                          half_efficiency_tokens=config.half_efficiency_tokens)
+                                          half_efficiency_tokens=config.half_efficiency_tokens,
+                                          step_overhead_s=config.step_overhead_s)
         layer.parallel = ExpertParallel(comm, config, perf, E)
         layer.gate.bind(GateContext(rank=r, world_size=W, num_experts_per_rank=E,
                                     ranks_per_node=config.topology.ranks_per_node, comm=comm))
@@ -209,7 +210,8 @@ class _ExchangeAndCompute(torch.autograd.Function):
             rows = torch.cat([x_routed_RD[offsets[j]:offsets[j + 1]] for j in sorted(targets)])
             sends.append((comm.all_to_all_single(rows.contiguous(), recv_split, send_split,
                                                  async_op=True), send_split, recv_split))
-        replicas = _broadcast_shadows(plan, experts, params)
+        # shadow broadcasts follow the sends on the link and overlap the steps' compute
+        pending_replicas = _broadcast_shadows(plan, params)
         leaves = [p.detach().requires_grad_() for p in params]
         steps, returns = [], []
         for (handle, send_split, recv_split), sources in zip(sends, plan.steps_recv):
@@ -225,7 +227,8 @@ class _ExchangeAndCompute(torch.autograd.Function):
             returns.append(comm.all_to_all_single(y.detach(), send_split, recv_split,
                                                   async_op=True))
         x_loc = x_local_SD.detach().requires_grad_()
-        rep_leaves = {e: [t.requires_grad_() for t in ts] for e, ts in replicas.items()}
+        rep_leaves = {e: [t.requires_grad_() for t in wait()]
+                      for e, wait in pending_replicas.items()}
         with torch.enable_grad():
             y_loc = _run_shadowed(experts, rep_leaves, x_loc, expert_local_S)
         _charge(plan, x_loc.shape[0], experts, 1.0)
@@ -252,6 +255,19 @@ class _ExchangeAndCompute(torch.autograd.Function):
             sends.append((comm.all_to_all_single(rows, recv_split, send_split, async_op=True),
                           send_split, recv_split))
         param_grads = [torch.zeros_like(p) for p in leaves]
+        # shadowed experts first (FasterMoE): their replicas' gradients travel to the
+        # owners while the routed steps' backward runs
+        grad_x_loc = torch.zeros_like(x_loc)
+        flat_rep = [t for e in sorted(rep_leaves) for t in rep_leaves[e]]
+        if x_loc.shape[0]:
+            grads = torch.autograd.grad(y_loc, [x_loc, *flat_rep], grad_local_SD,
+                                        allow_unused=True)
+            grad_x_loc = grads[0]
+            rep_grads = list(grads[1:])
+        else:
+            rep_grads = [None] * len(flat_rep)
+        _charge(plan, x_loc.shape[0], experts, 2.0)
+        pending_reduces = _reduce_shadow_grads(plan, rep_leaves, rep_grads)
         returns = []
         for (handle, send_split, recv_split), (x_in, y, _) in zip(sends, steps):
             g_out = handle.wait()
@@ -266,18 +282,8 @@ class _ExchangeAndCompute(torch.autograd.Function):
             _charge(plan, x_in.shape[0], experts, 2.0)
             returns.append(comm.all_to_all_single(g_in.contiguous(), send_split, recv_split,
                                                   async_op=True))
-        # shadowed experts: local backward, then the replicas' gradients go to the owner
-        grad_x_loc = torch.zeros_like(x_loc)
-        flat_rep = [t for e in sorted(rep_leaves) for t in rep_leaves[e]]
-        if x_loc.shape[0]:
-            grads = torch.autograd.grad(y_loc, [x_loc, *flat_rep], grad_local_SD,
-                                        allow_unused=True)
-            grad_x_loc = grads[0]
-            rep_grads = list(grads[1:])
-        else:
-            rep_grads = [None] * len(flat_rep)
-        _charge(plan, x_loc.shape[0], experts, 2.0)
-        _reduce_shadow_grads(plan, rep_leaves, rep_grads, param_grads)
+        for finish in pending_reduces:
+            finish(param_grads)
         back = [h.wait() for h in returns]
         grad_routed_in = _reassemble(back, plan.steps_send, send_rows, grad_routed_RD)
         return (grad_routed_in, grad_x_loc, None, None, None, *param_grads)
@@ -295,8 +301,12 @@ def _reassemble(blocks: list[torch.Tensor], steps_send: list[list[int]], send_ro
     return torch.cat(parts) if parts else like.new_zeros((0, *like.shape[1:]))
 
 
-def _broadcast_shadows(plan: StepPlan, experts, params) -> dict[int, list[torch.Tensor]]:
-    """Every shadowed expert's parameters, broadcast from its owner (ascending expert id)."""
+def _broadcast_shadows(plan: StepPlan, params) -> dict:
+    """Start broadcasting every shadowed expert's parameters from its owner (ascending id).
+
+    Returns, per shadowed expert, a function that waits for its parameters and returns
+    fresh copies (one tensor per stacked parameter).
+    """
     comm, E = plan.comm, plan.experts_per_rank
     out = {}
     shapes = [p.shape[1:] for p in params]
@@ -307,8 +317,13 @@ def _broadcast_shadows(plan: StepPlan, experts, params) -> dict[int, list[torch.
             flat = torch.cat([p[i].detach().reshape(-1) for p in params])
         else:
             flat = params[0].new_empty(sum(sizes))
-        comm.broadcast(flat, src=owner)
-        out[e] = [t.reshape(s).clone() for t, s in zip(torch.split(flat, sizes), shapes)]
+        handle = comm.broadcast(flat, src=owner, async_op=True)
+
+        def wait(handle=handle):
+            flat = handle.wait()
+            return [t.reshape(s).clone() for t, s in zip(torch.split(flat, sizes), shapes)]
+
+        out[e] = wait
     return out
 
 
@@ -322,8 +337,14 @@ def _run_shadowed(experts, rep_leaves: dict[int, list[torch.Tensor]], x_SD: torc
     return y_SD
 
 
-def _reduce_shadow_grads(plan: StepPlan, rep_leaves, rep_grads, param_grads) -> None:
+def _reduce_shadow_grads(plan: StepPlan, rep_leaves, rep_grads) -> list:
+    """Start summing each shadowed expert's replica gradients onto its owner.
+
+    Returns functions that wait for one reduce and, on the owner, add the result to the
+    gradients of its parameters.
+    """
     comm, E = plan.comm, plan.experts_per_rank
+    pending = []
     k = 0
     for e in sorted(rep_leaves):
         leaves = rep_leaves[e]
@@ -332,8 +353,14 @@ def _reduce_shadow_grads(plan: StepPlan, rep_leaves, rep_grads, param_grads) -> 
         k += len(leaves)
         flat = torch.cat([g.reshape(-1) for g in grads])
         owner, i = divmod(e, E)
-        comm.reduce(flat, dst=owner)
-        if owner == comm.rank:
-            sizes = [g.numel() for g in grads]
-            for acc, part in zip(param_grads, torch.split(flat, sizes)):
-                acc[i] += part.reshape(acc[i].shape)
+        handle = comm.reduce(flat, dst=owner, async_op=True)
+        sizes = [g.numel() for g in grads]
+
+        def finish(param_grads, handle=handle, owner=owner, i=i, sizes=sizes):
+            flat = handle.wait()
+            if owner == comm.rank:
+                for acc, part in zip(param_grads, torch.split(flat, sizes)):
+                    acc[i] += part.reshape(acc[i].shape)
+
+        pending.append(finish)
+    return pending

@@ -66,6 +66,8 @@ class MoEPerfModel:
         bandwidth_Bps: beta, bytes/s per worker on the bottleneck link.
         latency_s: alpha, per message.
         half_efficiency_tokens: b_half of the GEMM efficiency curve (0: always peak).
+        step_overhead_s: fixed cost of one exchange step beyond alpha (launching and
+            synchronising a collective), which makes many tiny steps lose.
     """
 
     d_model: int
@@ -75,11 +77,13 @@ class MoEPerfModel:
     bytes_per_element: int = 4
     latency_s: float = 0.0
     half_efficiency_tokens: float = 0.0
+    step_overhead_s: float = 0.0
 
     @classmethod
     def from_topology(cls, topology: Topology, *, d_model: int, d_hidden: int,
                       dtype: torch.dtype | str = torch.float32, world_size: int | None = None,
-                      half_efficiency_tokens: float = 0.0) -> MoEPerfModel:
+                      half_efficiency_tokens: float = 0.0,
+                      step_overhead_s: float = 0.0) -> MoEPerfModel:
         """Constants from a topology: its device's peak and the slowest link of the group."""
         ranks = range(world_size if world_size is not None else topology.ranks_per_node * 2)
         level = topology.slowest_level(ranks) or "intra_node"
@@ -88,7 +92,8 @@ class MoEPerfModel:
         size = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}.get(name, 4)
         return cls(d_model=d_model, d_hidden=d_hidden, bytes_per_element=size,
                    flops_per_s=topology.device.flops(name), bandwidth_Bps=link.bandwidth_Bps,
-                   latency_s=link.latency_s, half_efficiency_tokens=half_efficiency_tokens)
+                   latency_s=link.latency_s, half_efficiency_tokens=half_efficiency_tokens,
+                   step_overhead_s=step_overhead_s)
 
     def with_(self, **changes) -> MoEPerfModel:
         return replace(self, **changes)
@@ -188,37 +193,65 @@ class MoEPerfModel:
         g = rank // group_size
         return [[((g + i) % n) * group_size + j for j in range(group_size)] for i in range(n)]
 
+    def step_traffic(self, counts_WN: np.ndarray, experts_per_rank: int, group_size: int,
+                     shadow_N: np.ndarray | None = None):
+        """Per worker and step: tokens out (to others), in (from others), and computed.
+
+        Returns three arrays of shape [W, n] (n = W / G steps), vectorised over workers.
+        """
+        counts = np.asarray(counts_WN, dtype=np.float64)
+        W, N = counts.shape
+        if group_size < 1 or W % group_size:
+            raise ValueError(f"group_size {group_size} must divide world_size {W}")
+        n = W // group_size
+        shadow = np.zeros(N, bool) if shadow_N is None else np.asarray(shadow_N, bool)
+        # tokens worker w sends to worker t (summed over t's experts)
+        to_rank_WW = (counts * ~shadow).reshape(W, W, experts_per_rank).sum(2)
+        self_W = np.diag(to_rank_WW).copy()
+        to_group_Wn = to_rank_WW.reshape(W, n, group_size).sum(2)
+        from_group_nW = to_rank_WW.reshape(n, group_size, W).sum(1)
+        group_W = np.arange(W) // group_size
+        steps = np.arange(n)
+        targets_Wn = (group_W[:, None] + steps[None, :]) % n
+        sources_Wn = (group_W[:, None] - steps[None, :]) % n
+        out_Wn = to_group_Wn[np.arange(W)[:, None], targets_Wn]
+        mine_Wn = from_group_nW[sources_Wn, np.arange(W)[:, None]]
+        inc_Wn = mine_Wn.copy()
+        # step 0 is the worker's own group: its tokens to itself do not travel
+        out_Wn[:, 0] -= self_W
+        inc_Wn[:, 0] -= self_W
+        return out_Wn, inc_Wn, mine_Wn
+
     def smart_latency(self, counts_WN: np.ndarray, experts_per_rank: int, group_size: int,
                       shadow_N: np.ndarray | None = None) -> StepLatency:
         """Step latency with the group-wise pipelined exchange (forward + backward)."""
         counts = np.asarray(counts_WN, dtype=np.float64)
-        W, N = counts.shape
+        N = counts.shape[1]
         shadow = np.zeros(N, bool) if shadow_N is None else np.asarray(shadow_N, bool)
-        routed = counts * ~shadow
-        owner = np.arange(N) // experts_per_rank
-        num_shadow = int(shadow.sum())
-        shadow_s = 2 * num_shadow * (self.latency_s + self.param_bytes / self.bandwidth_Bps)
-        comp_w, comm_w, totals = [], [], []
-        for w in range(W):
-            steps = self.schedule_steps(W, group_size, w)
-            sends, computes, returns = [], [], []
-            for i, targets in enumerate(steps):
-                sources = self.schedule_steps(W, group_size, w)[(-i) % len(steps)]
-                out = sum(routed[w, owner == t].sum() for t in targets if t != w)
-                inc = sum(routed[s, owner == w].sum() for s in sources if s != w)
-                mine = sum(routed[s, owner == w].sum() for s in sources)
-                sends.append(self.transfer_time(max(out, inc), len(targets)))
-                computes.append(self.gemm_time(mine))
-                returns.append(self.transfer_time(max(out, inc), len(targets)))
-            local_shadow = self.gemm_time((counts[w] * shadow).sum())
-            # forward pipeline, then the backward pipeline with twice the compute
-            fwd = _pipeline(sends, computes, returns, shadow_s / 2, local_shadow)
-            bwd = _pipeline(sends, [2 * c for c in computes], returns, shadow_s / 2,
-                            2 * local_shadow)
-            totals.append(fwd + bwd)
-            comp_w.append(3 * (sum(computes) + local_shadow))
-            comm_w.append(2 * (sum(sends) + sum(returns)))
-        return StepLatency(tuple(comp_w), tuple(comm_w), shadow_s, max(totals))
+        out_Wn, inc_Wn, mine_Wn = self.step_traffic(counts, experts_per_rank, group_size,
+                                                    shadow)
+        shadow_s = 2 * int(shadow.sum()) * (self.latency_s + self.param_bytes / self.bandwidth_Bps)
+        traffic = np.maximum(out_Wn, inc_Wn)
+        # the step's messages to its G peers are in flight together: one alpha per step,
+        # as the emulator charges an all-to-all
+        link_Wn = np.where(traffic > 0, self.latency_s
+                           + traffic * self.token_bytes / self.bandwidth_Bps, 0.0)
+        link_Wn = link_Wn + self.step_overhead_s
+        comp_Wn = self._gemm_times(mine_Wn)
+        local_W = self._gemm_times((counts * shadow).sum(1))
+        fwd = _pipeline_vec(link_Wn, comp_Wn, link_Wn, shadow_s / 2, local_W)
+        bwd = _pipeline_vec(link_Wn, 2 * comp_Wn, link_Wn, shadow_s / 2, 2 * local_W)
+        comp = 3 * (comp_Wn.sum(1) + local_W)
+        comm = 2 * 2 * link_Wn.sum(1)
+        return StepLatency(tuple(comp.tolist()), tuple(comm.tolist()), shadow_s,
+                           float((fwd + bwd).max()))
+
+    def _gemm_times(self, tokens: np.ndarray) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.float64)
+        eff = np.where(tokens > 0, tokens / np.maximum(tokens + self.half_efficiency_tokens,
+                                                       1e-300), 1.0)
+        return np.where(tokens > 0, self.flops_per_token * tokens / (self.flops_per_s * eff),
+                        0.0)
 
     def choose_group_size(self, counts_WN: np.ndarray, experts_per_rank: int,
                           shadow_N: np.ndarray | None = None) -> int:
@@ -247,6 +280,17 @@ class MoEPerfModel:
     def serial_curve(self, intensity: float) -> float:
         """FLOP/s per worker with no overlap: 1 / (1/P + 1/(I beta))."""
         return 1.0 / (1.0 / self.flops_per_s + 1.0 / (intensity * self.bandwidth_Bps))
+
+
+def _pipeline_vec(sends_Wn, computes_Wn, returns_Wn, shadow_s: float, local_W) -> np.ndarray:
+    """`_pipeline` for every worker at once (arrays [W, n]); returns each worker's end."""
+    finish_sends = np.cumsum(sends_Wn, axis=1)
+    t_ret = finish_sends[:, -1] + shadow_s
+    t_comp = np.zeros(sends_Wn.shape[0])
+    for i in range(sends_Wn.shape[1]):
+        t_comp = np.maximum(t_comp, finish_sends[:, i]) + computes_Wn[:, i]
+        t_ret = np.maximum(t_ret, t_comp) + returns_Wn[:, i]
+    return np.maximum(t_ret, t_comp + local_W)
 
 
 def _pipeline(sends, computes, returns, shadow_s: float, local_s: float) -> float:
