@@ -57,12 +57,14 @@ class BenchConfig:
         d_model, d_hidden: H and alpha*H of the experts.
         tokens_per_rank: tokens each rank routes per step.
         top_k: experts per token.
-        routing: "hot", "zipf" or "uniform".
+        routing: "hot", "zipf", "uniform" or "trace" (first choices distributed like
+            ``trace_probabilities``, e.g. a real gate's recorded counts).
         hot_share: share of first choices on expert 0 (routing="hot").
         zipf_exponent: exponent of the Zipf skew (routing="zipf").
         mode: "emulated" (sleeping link, wall clock) or "virtual" (virtual clock).
         steps, warmup: timed and untimed steps per policy.
         policies: which of `POLICIES` to run.
+        group_size: force the smart schedule's G (None: the performance model chooses).
     """
 
     world_size: int = 4
@@ -79,12 +81,18 @@ class BenchConfig:
     warmup: int = 1
     policies: tuple[str, ...] = ("baseline", "shadow", "smart", "both")
     seed: int = 0
+    group_size: int | None = None
+    trace_probabilities: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("emulated", "virtual"):
             raise ValueError(f"mode must be 'emulated' or 'virtual', got {self.mode!r}")
-        if self.routing not in ("hot", "zipf", "uniform"):
-            raise ValueError(f"routing must be hot, zipf or uniform, got {self.routing!r}")
+        if self.routing not in ("hot", "zipf", "uniform", "trace"):
+            raise ValueError(f"routing must be hot, zipf, uniform or trace, "
+                             f"got {self.routing!r}")
+        if self.routing == "trace" and (self.trace_probabilities is None
+                                        or len(self.trace_probabilities) != self.num_experts):
+            raise ValueError(f"routing='trace' needs {self.num_experts} trace_probabilities")
         unknown = set(self.policies) - set(POLICIES)
         if unknown:
             raise ValueError(f"unknown policies {sorted(unknown)}; known: {sorted(POLICIES)}")
@@ -100,6 +108,8 @@ class BenchConfig:
             return hot_expert(self.num_experts, self.hot_share)
         if self.routing == "zipf":
             return zipf(self.num_experts, self.zipf_exponent)
+        if self.routing == "trace":
+            return np.asarray(self.trace_probabilities, dtype=np.float64)
         return uniform(self.num_experts)
 
 
@@ -227,8 +237,11 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
                                   num_experts=cfg.num_experts, top_k=cfg.top_k, gate=gate)
         network = NetworkEmulator(NetworkEmulation(topology=topology, mode=netem_mode))
         comm = Communicator(network=network, name="ep")
+        options = dict(POLICIES[policy])
+        if options.get("smart_schedule") and cfg.group_size is not None:
+            options["group_size"] = cfg.group_size
         expert_parallel(layer, comm, ExpertParallelConfig(
-            topology=topology, step_overhead_s=overhead, **POLICIES[policy]))
+            topology=topology, step_overhead_s=overhead, **options))
         x = torch.randn(cfg.tokens_per_rank, cfg.d_model, requires_grad=True)
         grad = torch.randn(cfg.tokens_per_rank, cfg.d_model)
         times, cpu, per_step = [], [], []

@@ -343,7 +343,8 @@ def evaluate(model: MoETransformerLM, data: torch.Tensor, *, batch_size: int,
 
 def train_lm(config: MoELMConfig, corpus: Corpus, *, steps: int, batch_size: int = 16,
              lr: float = 3e-3, seed: int = 0, eval_every: int = 0,
-             progress: Callable[[int, float], None] | None = None) -> TrainResult:
+             progress: Callable[[int, float], None] | None = None,
+             setup: Callable[[MoETransformerLM], None] | None = None) -> TrainResult:
     """Train a fresh `MoETransformerLM` on ``corpus.train`` with AdamW; record its routing.
 
     Deterministic for a fixed ``seed`` (and thread count): the model is initialised and
@@ -354,6 +355,7 @@ def train_lm(config: MoELMConfig, corpus: Corpus, *, steps: int, batch_size: int
         steps: optimizer steps, each on ``batch_size`` random windows of ``seq_len``.
         eval_every: also evaluate on ``corpus.val`` every this many steps (0: only at end).
         progress: called after every step with (step index from 0, training loss).
+        setup: called on the fresh model before training (e.g. to bind gates).
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -373,6 +375,8 @@ def train_lm(config: MoELMConfig, corpus: Corpus, *, steps: int, batch_size: int
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = MoETransformerLM(config)
+        if setup is not None:
+            setup(model)
         optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
         trace = RoutingTrace.for_model(model)
         data = batches(corpus.train, batch_size=batch_size, seq_len=config.seq_len,

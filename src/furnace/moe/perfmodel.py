@@ -254,10 +254,15 @@ class MoEPerfModel:
                         0.0)
 
     def choose_group_size(self, counts_WN: np.ndarray, experts_per_rank: int,
-                          shadow_N: np.ndarray | None = None) -> int:
-        """The divisor G of W with the lowest modelled smart-schedule latency (ties: larger G)."""
+                          shadow_N: np.ndarray | None = None, *,
+                          max_steps: int | None = None) -> int:
+        """The divisor G of W with the lowest modelled smart-schedule latency (ties: larger G).
+
+        ``max_steps`` bounds the number of steps W / G considered.
+        """
         W = np.asarray(counts_WN).shape[0]
-        sizes = [g for g in range(W, 0, -1) if W % g == 0]
+        sizes = [g for g in range(W, 0, -1)
+                 if W % g == 0 and (max_steps is None or W // g <= max_steps)]
         return min(sizes, key=lambda g: self.smart_latency(counts_WN, experts_per_rank, g,
                                                            shadow_N).total)
 

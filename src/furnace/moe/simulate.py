@@ -41,8 +41,12 @@ class Policy:
 
 
 def choose_policy(name: str, perf: MoEPerfModel, counts_WN: np.ndarray,
-                  experts_per_rank: int) -> Policy:
-    """The decisions `expert_parallel` makes for policy ``name`` on this routing."""
+                  experts_per_rank: int, *, max_steps: int | None = None) -> Policy:
+    """The decisions `expert_parallel` makes for policy ``name`` on this routing.
+
+    ``max_steps`` caps the smart schedule's steps (projections to 1024 GPUs use it to keep
+    the task graph small; a pipeline of hundreds of steps is not what one would run).
+    """
     W, N = np.asarray(counts_WN).shape
     none = np.zeros(N, bool)
     if name == "baseline":
@@ -50,10 +54,12 @@ def choose_policy(name: str, perf: MoEPerfModel, counts_WN: np.ndarray,
     if name == "shadow":
         return Policy(name, perf.shadow_policy(counts_WN, experts_per_rank), W)
     if name == "smart":
-        return Policy(name, none, perf.choose_group_size(counts_WN, experts_per_rank))
+        return Policy(name, none, perf.choose_group_size(counts_WN, experts_per_rank,
+                                                          max_steps=max_steps))
     if name == "both":
         shadow = perf.shadow_policy(counts_WN, experts_per_rank)
-        return Policy(name, shadow, perf.choose_group_size(counts_WN, experts_per_rank, shadow))
+        return Policy(name, shadow, perf.choose_group_size(counts_WN, experts_per_rank, shadow,
+                                                            max_steps=max_steps))
     raise ValueError(f"unknown policy {name!r}")
 
 
@@ -192,11 +198,11 @@ class SimResult:
 def simulate_policies(counts_WN: np.ndarray, perf: MoEPerfModel, experts_per_rank: int,
                       policies=("baseline", "shadow", "smart", "both"),
                       capacity_factor: float | None = None, tokens_per_rank: int | None = None,
-                      top_k: int = 1) -> dict[str, SimResult]:
+                      top_k: int = 1, max_steps: int | None = None) -> dict[str, SimResult]:
     """Simulated step time of each policy; with a capacity factor, also GShard dropping."""
     out = {}
     for name in policies:
-        policy = choose_policy(name, perf, counts_WN, experts_per_rank)
+        policy = choose_policy(name, perf, counts_WN, experts_per_rank, max_steps=max_steps)
         timeline = simulate_step(counts_WN, perf, experts_per_rank, policy)
         out[name] = SimResult(name, timeline.makespan, int(policy.shadow_N.sum()),
                               policy.group_size)
