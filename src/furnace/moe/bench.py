@@ -20,6 +20,7 @@ max/mean load, shadowed experts and the group size the performance model chose.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -78,7 +79,7 @@ class BenchConfig:
     zipf_exponent: float = 1.2
     mode: str = "emulated"
     steps: int = 3
-    warmup: int = 1
+    warmup: int = 2
     policies: tuple[str, ...] = ("baseline", "shadow", "smart", "both")
     seed: int = 0
     group_size: int | None = None
@@ -96,6 +97,8 @@ class BenchConfig:
         unknown = set(self.policies) - set(POLICIES)
         if unknown:
             raise ValueError(f"unknown policies {sorted(unknown)}; known: {sorted(POLICIES)}")
+        if not 0.0 <= self.hot_share <= 1.0:
+            raise ValueError(f"hot_share must be in [0, 1], got {self.hot_share}")
         if self.steps < 1 or self.warmup < 0 or self.world_size < 1:
             raise ValueError("steps >= 1, warmup >= 0 and world_size >= 1 are required")
 
@@ -165,9 +168,11 @@ def _measure_expert_flops(cfg: BenchConfig, comm: Communicator) -> tuple[float, 
 
     - all ranks running one expert's fwd+bwd at once (the slowest rank's rate): the
       device speed the emulated link is balance-matched to;
-    - rank 0 alone running a whole local MoE layer step (gate, dispatch, expert, combine,
-      fwd+bwd), so the rate also covers the layer's non-GEMM work: the one-thread speed
-      the simulator is validated with.
+    - the speed of one core when every core is busy, for a whole local MoE layer step
+      (gate, dispatch, expert, combine, fwd+bwd), so it also covers the layer's non-GEMM
+      work: rank 0 alone times the layer, and the expert GEMMs timed alone and all
+      together give the slowdown of a fully loaded host (shared caches, memory
+      bandwidth, switching). This is the rate the simulator is validated with.
     """
     from .experts import MLPExperts
 
@@ -186,19 +191,34 @@ def _measure_expert_flops(cfg: BenchConfig, comm: Communicator) -> tuple[float, 
             step()
         return time.perf_counter() - t0
 
+    def expert_step() -> None:
+        bank(x, [T]).sum().backward()
+
+    def layer_step() -> None:
+        layer(x).sum().backward()
+
     comm.barrier()
-    together = torch.tensor([timed(lambda: bank(x, [T]).sum().backward())],
-                            dtype=torch.float64)
+    together = torch.tensor([timed(expert_step)], dtype=torch.float64)
     comm.all_reduce(together, "max")
+    alone = torch.zeros(2, dtype=torch.float64)
     comm.barrier()
-    alone = torch.tensor([timed(lambda: layer(x).sum().backward()) if comm.rank == 0 else 0.0],
-                         dtype=torch.float64)
+    if comm.rank == 0:
+        alone[0], alone[1] = timed(expert_step), timed(layer_step)
     comm.all_reduce(alone, "max")
-    return flops / float(together), flops / float(alone)
+    cores = min(os.cpu_count() or 1, comm.world_size)
+    # ideal sharing would give each rank cores / W of a core
+    loaded = min(1.0, float(alone[0]) * comm.world_size / (cores * float(together)))
+    return flops / float(together), loaded * flops / float(alone[1])
 
 
-def _measure_step_overhead(comm: Communicator, reps: int = 10) -> float:
-    """Median wall time of an almost empty all-to-all here: the fixed cost of one step."""
+def _measure_step_overhead(topology: Topology, reps: int = 10) -> float:
+    """The fixed cost of one exchange step here, beyond the modelled latency.
+
+    Times an almost empty all-to-all through the sleeping emulator (so the emulator's own
+    control messages and wake-up count) and subtracts the link latency it models.
+    """
+    comm = Communicator(network=NetworkEmulator(NetworkEmulation(topology=topology)),
+                        name="calibration")
     x = torch.zeros(comm.world_size, 1)
     times = []
     for _ in range(reps):
@@ -207,7 +227,7 @@ def _measure_step_overhead(comm: Communicator, reps: int = 10) -> float:
         comm.all_to_all_single(x)
         times.append(time.perf_counter() - t0)
     elapsed = torch.tensor([statistics.median(times)], dtype=torch.float64)
-    return float(comm.all_reduce(elapsed, "max"))
+    return max(0.0, float(comm.all_reduce(elapsed, "max")) - topology.inter_node.latency_s)
 
 
 def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
@@ -216,10 +236,10 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     single = 0.0
     if cfg.mode == "emulated":
         flops, single = _measure_expert_flops(cfg, plain)
-        overhead = _measure_step_overhead(plain)
         device = Device(name="this CPU (measured expert MLP)", peak_flops={"float32": flops},
                         memory_bytes=2**30, memory_bandwidth_Bps=1e10)
         topology = balance_matched(testbed(world_size), device)
+        overhead = _measure_step_overhead(topology)
         netem_mode = "sleep"
     else:
         topology = testbed(world_size)

@@ -98,8 +98,7 @@ class ExpertParallel:
         ids = routing.expert_ids_TK.reshape(-1)
         counts_N = torch.bincount(ids[ids >= 0], minlength=num_experts).to(torch.int64)
         counts_WN = comm.all_gather(counts_N.reshape(1, -1)).numpy().astype(np.int64)
-        shadow_N = self._shadow_mask(counts_WN)
-        group_size = self._group_size(counts_WN, shadow_N)
+        shadow_N, group_size = self._decide(counts_WN)
         W, r = comm.world_size, comm.rank
         steps_send = self.perf.schedule_steps(W, group_size, r)
         n = len(steps_send)
@@ -126,6 +125,23 @@ class ExpertParallel:
         if cfg.shadowing:
             return self.perf.shadow_policy(counts_WN, self.experts_per_rank)
         return np.zeros(N, dtype=bool)
+
+    def _decide(self, counts_WN: np.ndarray) -> tuple[np.ndarray, int]:
+        """Shadow mask and group size; with both techniques on, the pair the model prefers."""
+        shadow_N = self._shadow_mask(counts_WN)
+        group_size = self._group_size(counts_WN, shadow_N)
+        cfg = self.config
+        if (cfg.shadowing and cfg.smart_schedule and cfg.shadow_mask is None
+                and cfg.group_size is None and shadow_N.any()):
+            # the shadowing rule prices a non-overlapped step; once the schedule overlaps
+            # the exchange, moving tokens may be the cheaper option after all
+            none = np.zeros_like(shadow_N)
+            g_none = self._group_size(counts_WN, none)
+            E = self.experts_per_rank
+            if (self.perf.smart_latency(counts_WN, E, g_none, none).total
+                    < self.perf.smart_latency(counts_WN, E, group_size, shadow_N).total):
+                return none, g_none
+        return shadow_N, group_size
 
     def _group_size(self, counts_WN: np.ndarray, shadow_N: np.ndarray) -> int:
         W = self.comm.world_size

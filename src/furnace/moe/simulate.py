@@ -57,9 +57,14 @@ def choose_policy(name: str, perf: MoEPerfModel, counts_WN: np.ndarray,
         return Policy(name, none, perf.choose_group_size(counts_WN, experts_per_rank,
                                                           max_steps=max_steps))
     if name == "both":
+        # as `ExpertParallel._decide`: shadow-then-schedule, unless scheduling alone wins
         shadow = perf.shadow_policy(counts_WN, experts_per_rank)
-        return Policy(name, shadow, perf.choose_group_size(counts_WN, experts_per_rank, shadow,
-                                                            max_steps=max_steps))
+        g = perf.choose_group_size(counts_WN, experts_per_rank, shadow, max_steps=max_steps)
+        g_none = perf.choose_group_size(counts_WN, experts_per_rank, max_steps=max_steps)
+        if shadow.any() and (perf.smart_latency(counts_WN, experts_per_rank, g_none).total
+                             < perf.smart_latency(counts_WN, experts_per_rank, g, shadow).total):
+            return Policy(name, none, g_none)
+        return Policy(name, shadow, g)
     raise ValueError(f"unknown policy {name!r}")
 
 

@@ -1,0 +1,69 @@
+"""The benchmark's claims on the virtual clock of FasterMoE's testbed (deterministic).
+
+4 ranks, one expert each, 2048 tokens per rank, H=256, F=1024, V100 + 50 Gb/s. The same
+comparison on the emulated link is a benchmark (`furnace moe bench`), not a test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from furnace.moe.bench import BenchConfig, run_bench
+
+
+@pytest.fixture(scope="module")
+def hot():
+    return run_bench(BenchConfig(mode="virtual", routing="hot", hot_share=0.5, steps=1,
+                                 warmup=1))
+
+
+@pytest.fixture(scope="module")
+def uniform():
+    return run_bench(BenchConfig(mode="virtual", routing="uniform", steps=1, warmup=1))
+
+
+@pytest.mark.timeout(300)
+def test_shadowing_and_smart_schedule_speedups(hot):
+    assert hot.label == "virtual-clock"
+    assert hot.speedup("shadow") >= 1.5
+    assert hot.speedup("smart") >= 1.2
+    assert hot.speedup("both") >= max(hot.speedup("shadow"), hot.speedup("smart"))
+    # the hot expert is the one shadowed, and shadowing evens out the load
+    assert hot.results["shadow"].shadowed == [0]
+    assert hot.results["shadow"].load_max_over_mean < hot.results["baseline"].load_max_over_mean
+
+
+@pytest.mark.timeout(300)
+def test_policies_decline_on_uniform_routing(uniform):
+    assert uniform.results["shadow"].shadowed == []
+    cost = uniform.results["shadow"].step_s / uniform.results["baseline"].step_s - 1
+    assert cost <= 0.05
+    # the smart schedule still overlaps the exchange
+    assert uniform.speedup("smart") >= 1.0
+
+
+@pytest.mark.timeout(300)
+def test_virtual_clock_is_deterministic(hot):
+    again = run_bench(BenchConfig(mode="virtual", routing="hot", hot_share=0.5, steps=1,
+                                  warmup=1, policies=("baseline", "shadow")))
+    for name in ("baseline", "shadow"):
+        assert again.results[name].step_s == hot.results[name].step_s
+        assert again.results[name].bytes_sent == hot.results[name].bytes_sent
+
+
+@pytest.mark.timeout(60)
+def test_reported_counters(hot):
+    base = hot.results["baseline"]
+    assert len(base.bytes_sent) == 4 and len(base.messages) == 4
+    assert sum(base.tokens_computed) == 4 * 2048
+    # rank 0 owns the hot expert: it computes about half of all tokens
+    assert base.tokens_computed[0] > 0.45 * 4 * 2048
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="mode"):
+        BenchConfig(mode="real")
+    with pytest.raises(ValueError, match="policies"):
+        BenchConfig(policies=("magic",))
+    with pytest.raises(ValueError, match="trace_probabilities"):
+        BenchConfig(routing="trace")
