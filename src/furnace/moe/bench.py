@@ -13,6 +13,10 @@ Time is kept in one of two ways, and labelled so:
   testbed's proportions (design note `moe_bagualu.md` C.3).
 - ``virtual``: the deterministic virtual clock of `furnace.runtime.netem` on the testbed
   itself (V100 FLOP/s for expert GEMMs, 50 Gb/s links); tests assert claims in this mode.
+- ``measured``: no emulation, plain wall clock: loopback gloo here (expected flat, since
+  2 cores and a free loopback hide what the techniques fix), or real GPUs and NCCL when
+  launched with ``torchrun`` (``torchrun --nproc-per-node 8 -m furnace.cli moe bench
+  --mode measured``).
 
 Every run reports per-rank bytes and messages (from the `CommLog`), tokens computed,
 max/mean load, shadowed experts and the group size the performance model chose.
@@ -23,13 +27,13 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
 from furnace.runtime.comm import Communicator
-from furnace.runtime.launch import run_distributed
+from furnace.runtime.launch import init_from_env, is_torchrun, run_distributed
 from furnace.runtime.netem import NetworkEmulation, NetworkEmulator
 from furnace.runtime.presets import v100_50gbps
 from furnace.runtime.topology import Device, Topology, balance_matched
@@ -62,7 +66,8 @@ class BenchConfig:
             ``trace_probabilities``, e.g. a real gate's recorded counts).
         hot_share: share of first choices on expert 0 (routing="hot").
         zipf_exponent: exponent of the Zipf skew (routing="zipf").
-        mode: "emulated" (sleeping link, wall clock) or "virtual" (virtual clock).
+        mode: "emulated" (sleeping link, wall clock), "virtual" (virtual clock) or
+            "measured" (no emulation; real links, e.g. NCCL under torchrun).
         steps, warmup: timed and untimed steps per policy.
         policies: which of `POLICIES` to run.
         group_size: force the smart schedule's G (None: the performance model chooses).
@@ -86,8 +91,9 @@ class BenchConfig:
     trace_probabilities: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in ("emulated", "virtual"):
-            raise ValueError(f"mode must be 'emulated' or 'virtual', got {self.mode!r}")
+        if self.mode not in ("emulated", "virtual", "measured"):
+            raise ValueError(f"mode must be 'emulated', 'virtual' or 'measured', "
+                             f"got {self.mode!r}")
         if self.routing not in ("hot", "zipf", "uniform", "trace"):
             raise ValueError(f"routing must be hot, zipf, uniform or trace, "
                              f"got {self.routing!r}")
@@ -232,13 +238,17 @@ def _measure_step_overhead(topology: Topology, reps: int = 10) -> float:
 
 def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     plain = Communicator(name="calibration")
+    device = plain.device
     overhead = 0.0
     single = 0.0
-    if cfg.mode == "emulated":
+    if cfg.mode == "measured":
+        topology = testbed(world_size)
+        netem_mode = None
+    elif cfg.mode == "emulated":
         flops, single = _measure_expert_flops(cfg, plain)
-        device = Device(name="this CPU (measured expert MLP)", peak_flops={"float32": flops},
-                        memory_bytes=2**30, memory_bandwidth_Bps=1e10)
-        topology = balance_matched(testbed(world_size), device)
+        cpu = Device(name="this CPU (measured expert MLP)", peak_flops={"float32": flops},
+                     memory_bytes=2**30, memory_bandwidth_Bps=1e10)
+        topology = balance_matched(testbed(world_size), cpu)
         overhead = _measure_step_overhead(topology)
         netem_mode = "sleep"
     else:
@@ -254,23 +264,29 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
         gate = SyntheticGate(cfg.d_model, cfg.num_experts, cfg.top_k,
                              probabilities=probabilities, seed=cfg.seed)
         layer = MoETransformerMLP(d_model=cfg.d_model, d_hidden=cfg.d_hidden,
-                                  num_experts=cfg.num_experts, top_k=cfg.top_k, gate=gate)
-        network = NetworkEmulator(NetworkEmulation(topology=topology, mode=netem_mode))
+                                  num_experts=cfg.num_experts, top_k=cfg.top_k,
+                                  gate=gate).to(device)
+        network = None if netem_mode is None else NetworkEmulator(
+            NetworkEmulation(topology=topology, mode=netem_mode))
         comm = Communicator(network=network, name="ep")
         options = dict(POLICIES[policy])
         if options.get("smart_schedule") and cfg.group_size is not None:
             options["group_size"] = cfg.group_size
         expert_parallel(layer, comm, ExpertParallelConfig(
             topology=topology, step_overhead_s=overhead, **options))
-        x = torch.randn(cfg.tokens_per_rank, cfg.d_model, requires_grad=True)
-        grad = torch.randn(cfg.tokens_per_rank, cfg.d_model)
+        x = torch.randn(cfg.tokens_per_rank, cfg.d_model, device=device, requires_grad=True)
+        grad = torch.randn(cfg.tokens_per_rank, cfg.d_model, device=device)
         times, cpu, per_step = [], [], []
         for step in range(cfg.warmup + cfg.steps):
             comm.barrier()
+            _sync(device)
             before = len(comm.log)
-            t0, c0, v0 = time.perf_counter(), time.process_time(), network.now()
+            t0, c0 = time.perf_counter(), time.process_time()
+            v0 = network.now() if network is not None else 0.0
             layer(x).backward(grad)
-            elapsed = (time.perf_counter() - t0) if netem_mode == "sleep" else network.now() - v0
+            _sync(device)
+            elapsed = (network.now() - v0) if netem_mode == "virtual" else (
+                time.perf_counter() - t0)
             layer.zero_grad(set_to_none=True)
             x.grad = None
             if step >= cfg.warmup:
@@ -292,11 +308,27 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     return out
 
 
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def run_bench(cfg: BenchConfig, *, timeout_s: float = 600) -> BenchResult:
-    """Run every policy of ``cfg`` on ``cfg.world_size`` local gloo ranks."""
-    per_rank = run_distributed(_bench_rank, cfg.world_size, cfg, timeout_s=timeout_s)
+    """Run every policy of ``cfg``: on ``cfg.world_size`` spawned gloo ranks, or, under
+    torchrun, on the launched ranks (NCCL on GPUs); every rank gets the result."""
+    if is_torchrun():
+        import torch.distributed as dist
+
+        ctx = init_from_env()
+        if ctx.world_size != cfg.world_size:
+            cfg = replace(cfg, world_size=ctx.world_size)
+        per_rank: list = [None] * ctx.world_size
+        dist.all_gather_object(per_rank, _bench_rank(ctx.rank, ctx.world_size, cfg))
+    else:
+        per_rank = run_distributed(_bench_rank, cfg.world_size, cfg, timeout_s=timeout_s)
     head = per_rank[0]
-    label = "emulated" if cfg.mode == "emulated" else "virtual-clock"
+    label = {"emulated": "emulated", "virtual": "virtual-clock",
+             "measured": "measured"}[cfg.mode]
     result = BenchResult(cfg, label, head["topology"], head["flops_per_s"],
                          head["bandwidth_Bps"], head["latency_s"], head["step_overhead_s"],
                          head["flops_single_thread"])

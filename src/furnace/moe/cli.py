@@ -19,9 +19,11 @@ def add_parser(subparsers) -> None:
 
     bench = sub.add_parser("bench", help="baseline vs shadowing vs smart schedule, side by "
                            "side on local gloo ranks")
-    bench.add_argument("--mode", choices=("emulated", "virtual"), default="emulated",
+    bench.add_argument("--mode", choices=("emulated", "virtual", "measured"),
+                       default="emulated",
                        help="emulated: wall clock on a sleeping link balance-matched to "
-                       "V100 + 50 Gb/s; virtual: deterministic clock of that testbed")
+                       "V100 + 50 Gb/s; virtual: deterministic clock of that testbed; "
+                       "measured: no emulation (use under torchrun on GPUs)")
     bench.add_argument("--world-size", type=int, default=4)
     bench.add_argument("--experts-per-rank", type=int, default=1)
     bench.add_argument("--routing", choices=("hot", "zipf", "uniform"), default="hot")
@@ -72,14 +74,28 @@ def _bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"furnace moe bench: {exc}", file=sys.stderr)
         return 2
+    from furnace.runtime.launch import is_torchrun
+
     console = Console()
-    with console.status(f"running {len(cfg.policies)} policies on {cfg.world_size} ranks "
-                        f"({cfg.mode}) ..."):
+    if is_torchrun():
         result = run_bench(cfg)
+        import torch.distributed as dist
+
+        if dist.get_rank() != 0:
+            return 0
+    else:
+        with console.status(f"running {len(cfg.policies)} policies on {cfg.world_size} "
+                            f"ranks ({cfg.mode}) ..."):
+            result = run_bench(cfg)
     console.print(format_table(result))
-    console.print(f"link {result.bandwidth_Bps / 1e6:.3g} MB/s, device "
-                  f"{result.flops_per_s / 1e9:.3g} GFLOP/s per rank ({result.label}); "
-                  "bytes and messages are per step, from the CommLog")
+    if result.label == "measured":
+        console.print(f"wall clock, no emulation; the policies decide with the "
+                      f"{result.topology} model ({result.flops_per_s / 1e12:.3g} TFLOP/s, "
+                      f"{result.bandwidth_Bps / 1e9:.3g} GB/s)")
+    else:
+        console.print(f"{result.label} time: link {result.bandwidth_Bps / 1e6:.3g} MB/s, "
+                      f"device {result.flops_per_s / 1e9:.3g} GFLOP/s per rank")
+    console.print("bytes and messages are per rank and step, from the CommLog")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result.to_dict(), f, indent=2)

@@ -83,7 +83,8 @@ class ExpertParallel:
     def forward(self, layer: MoELayer, x_TD: torch.Tensor, routing: GateOutput) -> torch.Tensor:
         plan = self.plan(routing, layer.num_experts)
         token_A, expert_A, slot_A = sort_assignments(routing)
-        shadow_A = torch.as_tensor(plan.shadow_N, dtype=torch.bool)[expert_A]
+        shadow_A = torch.as_tensor(plan.shadow_N, dtype=torch.bool,
+                                   device=expert_A.device)[expert_A]
         routed = torch.nonzero(~shadow_A).reshape(-1)
         local = torch.nonzero(shadow_A).reshape(-1)
         y_routed, y_local = _ExchangeAndCompute.apply(
@@ -97,7 +98,7 @@ class ExpertParallel:
         comm, E = self.comm, self.experts_per_rank
         ids = routing.expert_ids_TK.reshape(-1)
         counts_N = torch.bincount(ids[ids >= 0], minlength=num_experts).to(torch.int64)
-        counts_WN = comm.all_gather(counts_N.reshape(1, -1)).numpy().astype(np.int64)
+        counts_WN = comm.all_gather(counts_N.reshape(1, -1)).cpu().numpy().astype(np.int64)
         shadow_N, group_size = self._decide(counts_WN)
         W, r = comm.world_size, comm.rank
         steps_send = self.perf.schedule_steps(W, group_size, r)
@@ -233,9 +234,9 @@ class _ExchangeAndCompute(torch.autograd.Function):
         for (handle, send_split, recv_split), sources in zip(sends, plan.steps_recv):
             x_in = handle.wait().detach().requires_grad_()
             # received rows: by source rank, each block sorted by local expert
-            local_R = torch.cat([torch.repeat_interleave(torch.arange(E), torch.as_tensor(
-                plan.recv_WE[j])) for j in sorted(sources)]) if sources else \
-                torch.zeros(0, dtype=torch.int64)
+            local_R = torch.cat([torch.repeat_interleave(
+                torch.arange(E, device=x_in.device),
+                torch.as_tensor(plan.recv_WE[j], device=x_in.device)) for j in sorted(sources)])
             with torch.enable_grad():
                 y = _run_experts(experts, leaves, x_in, local_R, E)
             _charge(plan, x_in.shape[0], experts, 1.0)
