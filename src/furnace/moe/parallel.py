@@ -53,9 +53,9 @@ class StepPlan:
     steps_send: list[list[int]]
     steps_recv: list[list[int]]
     # rows this rank sends to rank j, per local expert of j: [W][E]
-    send_WE: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    send_WE: np.ndarray
     # rows rank j sends to this rank, per local expert of this rank: [W][E]
-    recv_WE: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+    recv_WE: np.ndarray
 
 
 @dataclass
@@ -106,8 +106,7 @@ class ExpertParallel:
         steps_recv = [steps_send[(-i) % n] for i in range(n)]
         routed_WN = counts_WN * ~shadow_N
         plan = StepPlan(comm, counts_WN, shadow_N, E, steps_send, steps_recv,
-                        send_WE=routed_WN[r].reshape(W, E),
-                        recv_WE=routed_WN[:, r * E:(r + 1) * E])
+                        routed_WN[r].reshape(W, E), routed_WN[:, r * E:(r + 1) * E])
         computed, _, _ = self.perf.loads(counts_WN, E, shadow_N)
         self.stats = LayerStats(
             tokens_computed=int(computed[r]), shadowed=np.flatnonzero(shadow_N).tolist(),
