@@ -1,0 +1,79 @@
+"""Configuration of the polynomial-filtered Lanczos eigensolver (dataclasses only).
+
+The defaults are the constants of pEVSL's ChebLanNr as called by NormalModes (Shi, Li, Xi,
+Saad, de Hoop, SC'18, section IV; Li, Xi, Erlandson, Saad, "The eigenvalues slicing library
+(EVSL)", SIAM J. Sci. Comput. 2019, sections 3-4): degree-25 Chebyshev iteration for the
+mass matrix, filter thresholds 0.8 (interior) and 0.7 (end intervals), Lanczos sigma damping,
+trace test every 20 steps from step 30 with tolerance 2e-12.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MASS_KINDS = ("consistent", "lumped")
+DAMPING_KINDS = ("sigma", "jackson", "none")
+
+
+@dataclass(kw_only=True)
+class SolverConfig:
+    """Settings of `eigsh_interval` for the pencil A x = lambda M x on [a, b].
+
+    Args:
+        a, b: the search interval [a, b], a < b.
+        mass: "consistent" applies M^-1 by Chebyshev iteration; "lumped" replaces M by the
+            diagonal of its row sums (a different discrete problem).
+        cheb_mass_degree: fixed degree of the Chebyshev iteration for the Jacobi-scaled M.
+        mass_bounds: (alpha, beta) enclosing the spectrum of the Jacobi-scaled M; None
+            estimates them by a short Lanczos run.
+        thresh_int: filter value at a and b relative to the peak, interior intervals.
+        thresh_ext: the same for intervals that touch an end of the spectrum.
+        damping: Gibbs damping of the Chebyshev series.
+        max_degree: largest filter degree the degree search may reach.
+        max_lanczos_steps: cap on the Krylov dimension; None means min(n, 2000).
+        tol: relative residual tol, ||A u - rho M u|| <= tol * max(|a|, |b|, |rho|) ||M u||.
+        trace_tol: stop when the restricted trace of T_k changes by less than this.
+        seed: seed of the random starting vectors.
+        check_every: steps between convergence tests.
+        min_steps: first step at which convergence is tested.
+        bound_steps: Lanczos steps used to estimate spectral bounds.
+    """
+
+    a: float
+    b: float
+    mass: str = "consistent"
+    cheb_mass_degree: int = 25
+    mass_bounds: tuple[float, float] | None = None
+    thresh_int: float = 0.8
+    thresh_ext: float = 0.7
+    damping: str = "sigma"
+    max_degree: int = 10000
+    max_lanczos_steps: int | None = None
+    tol: float = 1e-10
+    trace_tol: float = 2e-12
+    seed: int = 0
+    check_every: int = 20
+    min_steps: int = 30
+    bound_steps: int = 100
+
+    def __post_init__(self) -> None:
+        if not (self.a < self.b):
+            raise ValueError(f"need a < b for the interval [a, b], got a={self.a}, b={self.b}")
+        if self.mass not in MASS_KINDS:
+            raise ValueError(f"mass must be one of {MASS_KINDS}, got {self.mass!r}")
+        if self.damping not in DAMPING_KINDS:
+            raise ValueError(f"damping must be one of {DAMPING_KINDS}, got {self.damping!r}")
+        if self.cheb_mass_degree < 1:
+            raise ValueError(f"cheb_mass_degree must be >= 1, got {self.cheb_mass_degree}")
+        if not (0.0 < self.thresh_int < 1.0 and 0.0 < self.thresh_ext < 1.0):
+            raise ValueError("thresh_int and thresh_ext must lie in (0, 1)")
+        if self.mass_bounds is not None:
+            lo, hi = self.mass_bounds
+            if not (0.0 < lo < hi):
+                raise ValueError(
+                    f"mass_bounds must satisfy 0 < alpha < beta, got {self.mass_bounds}"
+                )
+        if self.max_degree < 2:
+            raise ValueError(f"max_degree must be >= 2, got {self.max_degree}")
+        if self.check_every < 1 or self.min_steps < 1 or self.bound_steps < 2:
+            raise ValueError("check_every, min_steps must be >= 1 and bound_steps >= 2")

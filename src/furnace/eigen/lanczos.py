@@ -1,0 +1,193 @@
+"""Non-restarted polynomial-filtered Lanczos in the M-inner product (pEVSL ChebLanNr).
+
+Implements Algorithm 1 of Li, Xi, Erlandson, Saad, "The eigenvalues slicing library (EVSL)",
+SIAM J. Sci. Comput. 2019 (section 3.2), as called by NormalModes (Shi, Li, Xi, Saad, de Hoop,
+SC'18, section IV): Lanczos on p(M^-1 A), keeping both V and Z = M V so that p is applied as
+p(A M^-1) to z, with full CGS2 (DGKS) reorthogonalisation, the restricted trace convergence
+test, and Rayleigh-quotient acceptance of Ritz pairs inside [a, b].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.linalg
+
+from furnace.eigen.filters import ChebFilter
+from furnace.eigen.operators import Counters, ScaledPencil
+
+
+@dataclass
+class LanczosResult:
+    """Accepted eigenpairs of the scaled pencil from one filtered Lanczos run.
+
+    Attributes:
+        eigenvalues: (k,) ascending.
+        eigenvectors: (n, k) M~-orthonormal vectors of the scaled pencil.
+        residuals: (k,) relative residuals (see `relative_residuals`).
+        converged: whether the trace test passed before the step cap.
+        num_steps: Krylov dimension reached.
+        num_candidates: Ritz values of p at or above bar.
+        num_rejected: candidates rejected (Rayleigh quotient outside [a, b] or residual).
+        counters: work of this run.
+    """
+
+    eigenvalues: np.ndarray
+    eigenvectors: np.ndarray
+    residuals: np.ndarray
+    converged: bool
+    num_steps: int
+    num_candidates: int
+    num_rejected: int
+    counters: Counters = field(default_factory=Counters)
+
+
+def relative_residuals(a_op, m_op, vectors, values, scale: float) -> np.ndarray:
+    """||A u - rho M u||_2 / (max(scale, |rho|) ||M u||_2) for each column u.
+
+    The denominator uses the interval scale max(|a|, |b|) rather than |rho| alone, so that
+    an eigenvalue near zero inside a wide interval is not held to an impossible standard.
+    """
+    if vectors.shape[1] == 0:
+        return np.zeros(0)
+    au = a_op @ vectors
+    mu = m_op @ vectors
+    res = np.linalg.norm(au - mu * values, axis=0)
+    denom = np.maximum(scale, np.abs(values)) * np.linalg.norm(mu, axis=0)
+    return res / denom
+
+
+def _rayleigh_ritz(pencil: ScaledPencil, basis: np.ndarray):
+    """Eigenpairs of (A~, M~) projected on span(basis), M~-orthonormal (exact M~, not M~^-1)."""
+    a_basis = pencil.a_op @ basis
+    m_basis = pencil.mass @ basis
+    a_small = basis.T @ a_basis
+    m_small = basis.T @ m_basis
+    a_small = 0.5 * (a_small + a_small.T)
+    m_small = 0.5 * (m_small + m_small.T)
+    values, coeffs = scipy.linalg.eigh(a_small, m_small)
+    return values, basis @ coeffs
+
+
+def filtered_lanczos(
+    pencil: ScaledPencil,
+    poly: ChebFilter,
+    config,
+    *,
+    accept_interval: tuple[float, float, bool] | None = None,
+) -> LanczosResult:
+    """Eigenpairs of the scaled pencil in [a, b] by Lanczos on p(M~^-1 A~).
+
+    Args:
+        pencil: the Jacobi-scaled pencil with its mass solver (`scale_pencil`).
+        poly: the filter for [a, b] (`find_polynomial`).
+        config: `SolverConfig` (tol, trace_tol, check_every, min_steps, max_lanczos_steps,
+            seed).
+        accept_interval: (lo, hi, closed_hi): accept rho in [lo, hi] if closed_hi else
+            [lo, hi); used by spectrum slicing so that neighbouring slices do not both
+            report an eigenvalue on their common boundary. Default [poly.a, poly.b].
+    Returns:
+        `LanczosResult`; counters are also merged into pencil.counters.
+    """
+    counters = Counters()
+    n = pencil.n
+    lo, hi, closed_hi = accept_interval or (poly.a, poly.b, True)
+    max_steps = config.max_lanczos_steps or min(n, 2000)
+    max_steps = min(max_steps, n)
+    before = (pencil.counters.a_matvecs, pencil.counters.m_matvecs)
+
+    def filtered(z: np.ndarray) -> np.ndarray:
+        return poly.apply(pencil.apply_a_minv, z, counters)
+
+    rng = np.random.default_rng(config.seed)
+    z = filtered(pencil.mass @ rng.standard_normal(n))
+    v = pencil.mass.solve(z)
+    norm = np.sqrt(v @ z)
+    capacity = min(max_steps + 1, 64)
+    basis_v = np.empty((n, capacity))
+    basis_z = np.empty((n, capacity))
+    basis_v[:, 0], basis_z[:, 0] = v / norm, z / norm
+    alphas: list[float] = []
+    betas: list[float] = []
+    trace_prev = np.inf
+    converged = False
+    bar = poly.bar
+    scale = max(abs(lo), abs(hi))
+    accepted = None
+
+    def accept(num: int):
+        ritz, coeffs = scipy.linalg.eigh_tridiagonal(np.array(alphas), np.array(betas[: num - 1]))
+        wanted = ritz >= bar
+        if not np.any(wanted):
+            return np.zeros(0), np.zeros((n, 0)), np.zeros(0), 0, 0
+        ritz_vectors = basis_v[:, :num] @ coeffs[:, wanted]
+        values, vectors = _rayleigh_ritz(pencil, ritz_vectors)
+        inside = (values >= lo) & ((values <= hi) if closed_hi else (values < hi))
+        res = relative_residuals(pencil.a_op, pencil.mass, vectors, values, scale)
+        good = inside & (res <= config.tol)
+        # candidates inside [a, b] that fail the residual test mean "not yet converged"
+        pending = int(np.sum(inside & ~good))
+        return values[good], vectors[:, good], res[good], int(wanted.sum()), pending
+
+    num = 1
+    for j in range(max_steps):
+        z_new = filtered(basis_z[:, j])
+        if j > 0:
+            z_new -= betas[-1] * basis_z[:, j - 1]
+        alpha = float(basis_v[:, j] @ z_new)
+        z_new -= alpha * basis_z[:, j]
+        # CGS2: the M~^-1-inner products of w = M~^-1 z_new with v_i are v_i^T z_new
+        for _ in range(2):
+            z_new -= basis_z[:, : j + 1] @ (basis_v[:, : j + 1].T @ z_new)
+        counters.reorth_flops += 8 * n * (j + 1)
+        alphas.append(alpha)
+        num = j + 1
+        counters.lanczos_steps = num
+        v_new = pencil.mass.solve(z_new)
+        beta = float(np.sqrt(max(v_new @ z_new, 0.0)))
+        invariant = beta <= 1e-13 * max(abs(alpha), 1.0)
+        step = j + 1
+        check = step >= config.min_steps and (step - config.min_steps) % config.check_every == 0
+        if check or invariant or step == max_steps:
+            ritz = scipy.linalg.eigvalsh_tridiagonal(np.array(alphas), np.array(betas))
+            trace = float(ritz[ritz >= bar].sum())
+            if abs(trace - trace_prev) < config.trace_tol or invariant:
+                accepted = accept(num)
+                if accepted[4] == 0 or invariant:
+                    converged = True
+                    break
+            trace_prev = trace
+        if invariant or step == max_steps:
+            break
+        betas.append(beta)
+        if step >= basis_v.shape[1]:
+            grow = min(2 * basis_v.shape[1], max_steps + 1)
+            basis_v = np.concatenate([basis_v, np.empty((n, grow - basis_v.shape[1]))], axis=1)
+            basis_z = np.concatenate([basis_z, np.empty((n, grow - basis_z.shape[1]))], axis=1)
+        counters.peak_basis_bytes = max(counters.peak_basis_bytes, basis_v.nbytes + basis_z.nbytes)
+        basis_v[:, step] = v_new / beta
+        basis_z[:, step] = z_new / beta
+    if accepted is None or not converged:
+        accepted = accept(num)
+    values, vectors, res, num_candidates, _ = accepted
+    counters.peak_basis_bytes = max(counters.peak_basis_bytes, basis_v.nbytes + basis_z.nbytes)
+    counters.a_matvecs = pencil.counters.a_matvecs - before[0]
+    counters.m_matvecs = pencil.counters.m_matvecs - before[1]
+    shared = pencil.counters
+    shared.filtered_matvecs += counters.filtered_matvecs
+    shared.filter_degree = max(shared.filter_degree, counters.filter_degree)
+    shared.lanczos_steps += counters.lanczos_steps
+    shared.reorth_flops += counters.reorth_flops
+    shared.peak_basis_bytes = max(shared.peak_basis_bytes, counters.peak_basis_bytes)
+    order = np.argsort(values)
+    return LanczosResult(
+        eigenvalues=values[order],
+        eigenvectors=vectors[:, order],
+        residuals=res[order],
+        converged=converged,
+        num_steps=num,
+        num_candidates=num_candidates,
+        num_rejected=num_candidates - len(values),
+        counters=counters,
+    )

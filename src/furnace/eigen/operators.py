@@ -1,0 +1,320 @@
+"""Operators of the pencil A x = lambda M x: Jacobi scaling, mass solves, spectral bounds.
+
+Implements the operator layer of pEVSL's ChebLanNr as used by NormalModes (Shi, Li, Xi, Saad,
+de Hoop, SC'18, section IV.B): the Jacobi scaling D = diag(M)^-1/2, the fixed-degree Chebyshev
+iteration for the scaled mass matrix (Saad, Iterative Methods for Sparse Linear Systems, 2nd
+ed., p. 399, Algorithm 12.1), the lumped (diagonal) alternative, and Lanczos estimates of
+spectral bounds (Li, Xi, Erlandson, Saad, EVSL, SIAM J. Sci. Comput. 2019, section 3).
+
+A and M may be scipy sparse matrices, dense arrays or `scipy.sparse.linalg.LinearOperator`;
+every operator here accepts vectors (n,) and blocks (n, k).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+
+
+@dataclass
+class Counters:
+    """Work done by every stage, counted per vector (a block of k columns counts k)."""
+
+    a_matvecs: int = 0
+    m_matvecs: int = 0
+    filtered_matvecs: int = 0
+    filter_degree: int = 0
+    lanczos_steps: int = 0
+    reorth_flops: int = 0
+    peak_basis_bytes: int = 0
+
+    def merge(self, other: Counters) -> None:
+        self.a_matvecs += other.a_matvecs
+        self.m_matvecs += other.m_matvecs
+        self.filtered_matvecs += other.filtered_matvecs
+        self.filter_degree = max(self.filter_degree, other.filter_degree)
+        self.lanczos_steps += other.lanczos_steps
+        self.reorth_flops += other.reorth_flops
+        self.peak_basis_bytes = max(self.peak_basis_bytes, other.peak_basis_bytes)
+
+
+def _num_columns(x: np.ndarray) -> int:
+    return 1 if x.ndim == 1 else x.shape[1]
+
+
+def check_square(op, name: str) -> int:
+    """Return n for a square (n, n) operator, else raise ValueError."""
+    shape = getattr(op, "shape", None)
+    if shape is None or len(shape) != 2:
+        raise ValueError(f"{name} must be a 2-D matrix or LinearOperator, got {type(op).__name__}")
+    if shape[0] != shape[1]:
+        raise ValueError(f"{name} must be square, got shape {shape}")
+    return int(shape[0])
+
+
+def operator_diagonal(op) -> np.ndarray:
+    """Diagonal of a matrix, or of a LinearOperator by probing with unit-vector blocks."""
+    if sp.issparse(op):
+        return np.asarray(op.diagonal(), dtype=float)
+    if isinstance(op, np.ndarray):
+        return np.diag(op).astype(float)
+    n = check_square(op, "operator")
+    diag = np.empty(n)
+    block = 256
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        probe = np.zeros((n, stop - start))
+        probe[np.arange(start, stop), np.arange(stop - start)] = 1.0
+        diag[start:stop] = (op @ probe)[np.arange(start, stop), np.arange(stop - start)]
+    return diag
+
+
+def row_sums(op) -> np.ndarray:
+    """Row sums M 1, the lumped mass diagonal."""
+    if sp.issparse(op):
+        return np.asarray(op.sum(axis=1)).ravel().astype(float)
+    n = check_square(op, "M")
+    return np.asarray(op @ np.ones(n), dtype=float).ravel()
+
+
+def is_diagonal(op) -> bool:
+    if sp.issparse(op):
+        coo = op.tocoo()
+        return bool(np.all((coo.row == coo.col) | (coo.data == 0)))
+    if isinstance(op, np.ndarray):
+        return bool(np.count_nonzero(op - np.diag(np.diag(op))) == 0)
+    return False
+
+
+class ScaledOperator:
+    """D X D for the Jacobi scaling D = diag(d); counts matvecs into a Counters field."""
+
+    def __init__(self, op, d: np.ndarray, counters: Counters, field_name: str):
+        self.shape = (d.size, d.size)
+        self.counters = counters
+        self.field_name = field_name
+        if sp.issparse(op):
+            scaling = sp.diags(d)
+            self._scaled = (scaling @ sp.csr_matrix(op) @ scaling).tocsr()
+            self._op, self._d = None, None
+        else:
+            # a LinearOperator cannot be scaled in place; apply the scaling around it
+            self._scaled = None
+            self._op, self._d = op, d
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        setattr(
+            self.counters,
+            self.field_name,
+            getattr(self.counters, self.field_name) + _num_columns(x),
+        )
+        if self._scaled is not None:
+            return self._scaled @ x
+        d = self._d if x.ndim == 1 else self._d[:, None]
+        return d * np.asarray(self._op @ (d * x))
+
+
+class LumpedMass:
+    """Diagonal mass operator: matvec and exact solve by the diagonal `diag`."""
+
+    def __init__(self, diag: np.ndarray, counters: Counters):
+        if np.any(diag <= 0):
+            raise ValueError("lumped mass must have a positive diagonal (row sums > 0)")
+        self.diag = np.asarray(diag, dtype=float)
+        self.shape = (self.diag.size, self.diag.size)
+        self.counters = counters
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        self.counters.m_matvecs += _num_columns(x)
+        return (self.diag if x.ndim == 1 else self.diag[:, None]) * x
+
+    def solve(self, x: np.ndarray) -> np.ndarray:
+        return x / (self.diag if x.ndim == 1 else self.diag[:, None])
+
+
+class ChebyshevMassSolve:
+    """Fixed-degree Chebyshev iteration x ~ M^-1 b for an SPD M with spectrum in [alpha, beta].
+
+    Saad's recurrence (Iterative Methods, 2nd ed., p. 399) with x0 = 0: the error polynomial is
+    T_k((theta - t)/delta) / T_k(theta/delta), so the residual falls by at least
+    2 q^k with q = (sqrt(kappa) - 1) / (sqrt(kappa) + 1), kappa = beta / alpha. The map
+    b -> x is a fixed polynomial in M, so it is linear, symmetric and (for valid bounds)
+    positive definite: Lanczos in the inner product it defines stays exact.
+    """
+
+    def __init__(self, mass, alpha: float, beta: float, degree: int, counters: Counters):
+        if not (0.0 < alpha < beta):
+            raise ValueError(f"Chebyshev bounds need 0 < alpha < beta, got [{alpha}, {beta}]")
+        if degree < 1:
+            raise ValueError(f"Chebyshev degree must be >= 1, got {degree}")
+        self.mass = mass
+        self.alpha, self.beta, self.degree = float(alpha), float(beta), int(degree)
+        self.shape = mass.shape
+        self.counters = counters
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        # the wrapped mass operator counts its own matvecs
+        return self.mass @ x
+
+    def solve(self, rhs: np.ndarray) -> np.ndarray:
+        theta = 0.5 * (self.alpha + self.beta)
+        delta = 0.5 * (self.beta - self.alpha)
+        sigma = theta / delta
+        rho = 1.0 / sigma
+        x = np.zeros_like(rhs, dtype=float)
+        r = np.array(rhs, dtype=float)
+        d = r / theta
+        for _ in range(self.degree):
+            x += d
+            r -= self.mass @ d
+            rho_next = 1.0 / (2.0 * sigma - rho)
+            d = (rho_next * rho) * d + (2.0 * rho_next / delta) * r
+            rho = rho_next
+        return x
+
+    @staticmethod
+    def degree_for(kappa: float, rel_residual: float) -> int:
+        """Smallest k with 2 q^k <= rel_residual, the textbook bound on ||r_k|| / ||b||."""
+        q = (np.sqrt(kappa) - 1.0) / (np.sqrt(kappa) + 1.0)
+        return int(np.ceil(np.log(rel_residual / 2.0) / np.log(q)))
+
+
+class IdentityMass:
+    """M = I for standard problems: solve and matvec are copies and cost nothing."""
+
+    def __init__(self, n: int):
+        self.shape = (n, n)
+
+    def __matmul__(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+    def solve(self, x: np.ndarray) -> np.ndarray:
+        return x
+
+
+def lanczos_bounds(
+    op,
+    mass=None,
+    *,
+    num_steps: int = 100,
+    seed: int = 0,
+    margin: float = 1e-3,
+) -> tuple[float, float]:
+    """Estimate [lmin, lmax] of mass^-1 op by Lanczos with full reorthogonalisation.
+
+    The Ritz extremes are widened by the residual norms |beta_k y_k[-1]| of the extreme
+    Ritz pairs (the Kahan-Parlett interval holding an eigenvalue) and by `margin` times the
+    estimated width, so that Chebyshev polynomials on the result do not see eigenvalues
+    outside [-1, 1].
+
+    Args:
+        op: symmetric operator with `@` (the scaled A, or the scaled M itself).
+        mass: object with `@` and `solve` defining the inner product; None for the identity.
+        num_steps: Lanczos steps, capped at n.
+    Returns:
+        (lmin, lmax).
+    """
+    n = op.shape[0]
+    if mass is None:
+        mass = IdentityMass(n)
+    num_steps = max(2, min(num_steps, n))
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal(n)
+    z = mass @ v
+    norm = np.sqrt(v @ z)
+    basis_v = np.zeros((n, num_steps))
+    basis_z = np.zeros((n, num_steps))
+    basis_v[:, 0], basis_z[:, 0] = v / norm, z / norm
+    alphas, betas = [], []
+    for j in range(num_steps):
+        z_new = op @ basis_v[:, j]
+        alpha = basis_v[:, j] @ z_new
+        z_new -= alpha * basis_z[:, j]
+        if j > 0:
+            z_new -= betas[-1] * basis_z[:, j - 1]
+        for _ in range(2):
+            z_new -= basis_z[:, : j + 1] @ (basis_v[:, : j + 1].T @ z_new)
+        v_new = mass.solve(z_new)
+        beta = np.sqrt(max(v_new @ z_new, 0.0))
+        alphas.append(alpha)
+        if j == num_steps - 1 or beta <= 1e-14 * max(abs(alpha), 1.0):
+            break
+        betas.append(beta)
+        basis_v[:, j + 1], basis_z[:, j + 1] = v_new / beta, z_new / beta
+    ritz, vecs = scipy.linalg.eigh_tridiagonal(np.array(alphas), np.array(betas[: len(alphas) - 1]))
+    residual = abs(beta * vecs[-1, :])
+    width = ritz[-1] - ritz[0]
+    lmin = ritz[0] - residual[0] - margin * width
+    lmax = ritz[-1] + residual[-1] + margin * width
+    return float(lmin), float(lmax)
+
+
+@dataclass
+class ScaledPencil:
+    """The Jacobi-scaled pencil (A~, M~) = (D A D, D M D) with its mass solver and bounds.
+
+    Eigenvectors map back as x = D x~; x~ M~-orthonormal implies x M-orthonormal.
+    """
+
+    a_op: ScaledOperator
+    mass: object
+    scaling: np.ndarray
+    lmin: float
+    lmax: float
+    mass_bounds: tuple[float, float] | None
+    counters: Counters
+
+    @property
+    def n(self) -> int:
+        return self.scaling.size
+
+    def apply_minv_a(self, x: np.ndarray) -> np.ndarray:
+        """M~^-1 A~ x, the operator whose spectrum is the pencil's."""
+        return self.mass.solve(self.a_op @ x)
+
+    def apply_a_minv(self, z: np.ndarray) -> np.ndarray:
+        """A~ M~^-1 z, the same operator acting on Z = M~ V (pEVSL's form)."""
+        return self.a_op @ self.mass.solve(z)
+
+
+def scale_pencil(A, M, config, counters: Counters | None = None) -> ScaledPencil:
+    """Jacobi-scale (A, M), build the mass solver of `config.mass`, estimate [lmin, lmax].
+
+    M = None means the standard problem (M = I).
+    """
+    counters = Counters() if counters is None else counters
+    n = check_square(A, "A")
+    if M is not None and check_square(M, "M") != n:
+        raise ValueError(f"A and M must have the same shape, got {A.shape} and {M.shape}")
+    mass_bounds = None
+    if M is None:
+        scaling = np.ones(n)
+        mass = IdentityMass(n)
+    elif config.mass == "lumped" or is_diagonal(M):
+        diag = row_sums(M) if config.mass == "lumped" else operator_diagonal(M)
+        if np.any(diag <= 0):
+            raise ValueError("M must have a positive diagonal (row sums for mass='lumped')")
+        # after scaling by diag^-1/2 the lumped mass is exactly the identity
+        scaling = 1.0 / np.sqrt(diag)
+        mass = LumpedMass(np.ones(n), counters)
+    else:
+        diag = operator_diagonal(M)
+        if np.any(diag <= 0):
+            raise ValueError("M must be symmetric positive definite (non-positive diagonal)")
+        scaling = 1.0 / np.sqrt(diag)
+        scaled_mass = ScaledOperator(M, scaling, counters, "m_matvecs")
+        if config.mass_bounds is not None:
+            mass_bounds = tuple(float(x) for x in config.mass_bounds)
+        else:
+            lo, hi = lanczos_bounds(scaled_mass, num_steps=config.bound_steps, seed=config.seed)
+            # the Ritz minimum converges from above; never let alpha reach 0
+            mass_bounds = (lo, hi) if lo > 0 else (1e-3 * hi, hi)
+        mass = ChebyshevMassSolve(
+            scaled_mass, mass_bounds[0], mass_bounds[1], config.cheb_mass_degree, counters
+        )
+    a_op = ScaledOperator(A, scaling, counters, "a_matvecs")
+    lmin, lmax = lanczos_bounds(a_op, mass, num_steps=config.bound_steps, seed=config.seed + 1)
+    return ScaledPencil(a_op, mass, scaling, lmin, lmax, mass_bounds, counters)

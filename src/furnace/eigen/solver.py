@@ -1,0 +1,202 @@
+"""`eigsh_interval`: all eigenpairs of A x = lambda M x in [a, b] by filtered Lanczos.
+
+Ties the stages of pEVSL's generalized-problem driver together, as NormalModes runs it (Shi,
+Li, Xi, Saad, de Hoop, SC'18, section IV; Li, Xi, Erlandson, Saad, EVSL, SIAM J. Sci. Comput.
+2019, sections 3-4): Jacobi scaling, the mass solver (Chebyshev iteration or lumped), Lanczos
+bounds, optional KPM slicing of [a, b], one filter and one filtered Lanczos run per slice, and
+the merge of the slices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+import scipy.io
+import scipy.sparse as sp
+
+from furnace.eigen.config import SolverConfig
+from furnace.eigen.dos import kpm_dos, slice_spectrum
+from furnace.eigen.filters import find_polynomial
+from furnace.eigen.lanczos import filtered_lanczos
+from furnace.eigen.operators import Counters, scale_pencil
+
+
+@dataclass
+class SliceInfo:
+    """What one slice [a, b] of the interval cost and found."""
+
+    a: float
+    b: float
+    degree: int
+    bar: float
+    filter_kind: str
+    num_steps: int
+    num_found: int
+    num_candidates: int
+    num_rejected: int
+    converged: bool
+
+
+@dataclass
+class EigenResult:
+    """Eigenpairs of A x = lambda M x in [a, b].
+
+    Attributes:
+        eigenvalues: (k,) ascending.
+        eigenvectors: (n, k), M-orthonormal (for mass="lumped", orthonormal in the lumped M).
+        residuals: (k,) relative residuals ||A x - lambda M x|| / (max(|a|,|b|,|lambda|)
+            ||M x||) measured on the Jacobi-scaled pencil.
+        counters: work of all stages.
+        slices: one `SliceInfo` per slice.
+        lmin, lmax: spectrum bounds of the scaled pencil used by the filters.
+        mass_bounds: Chebyshev bounds of the scaled M (None when M is diagonal or lumped).
+    """
+
+    eigenvalues: np.ndarray
+    eigenvectors: np.ndarray
+    residuals: np.ndarray
+    counters: Counters = field(default_factory=Counters)
+    slices: list[SliceInfo] = field(default_factory=list)
+    lmin: float = float("nan")
+    lmax: float = float("nan")
+    mass_bounds: tuple[float, float] | None = None
+
+
+def _merge_duplicates(values, vectors, residuals, mass, rel_tol: float = 1e-8):
+    """Drop a pair found twice (equal value and parallel in the M~-inner product)."""
+    keep = np.ones(values.size, dtype=bool)
+    if values.size < 2:
+        return values, vectors, residuals
+    m_vectors = mass @ vectors
+    scale = max(np.max(np.abs(values)), 1e-300)
+    for i in range(1, values.size):
+        for j in range(i - 1, -1, -1):
+            if values[i] - values[j] > rel_tol * scale:
+                break
+            if keep[j] and abs(vectors[:, j] @ m_vectors[:, i]) > 0.5:
+                keep[i] = False
+                break
+    return values[keep], vectors[:, keep], residuals[keep]
+
+
+def eigsh_interval(
+    A,
+    M,
+    a: float,
+    b: float,
+    *,
+    config: SolverConfig | None = None,
+    slices: int = 1,
+    dos_degree: int = 100,
+    dos_vectors: int = 30,
+) -> EigenResult:
+    """All eigenpairs of A x = lambda M x with lambda in [a, b].
+
+    Args:
+        A: (n, n) symmetric, sparse matrix, dense array or LinearOperator.
+        M: (n, n) symmetric positive definite, same kinds; None for the standard problem.
+        a, b: the interval; these override config.a and config.b.
+        config: `SolverConfig`; None uses the defaults.
+        slices: number of slices with equal KPM-estimated counts, one Lanczos run each.
+        dos_degree, dos_vectors: KPM degree and probe count, used when slices > 1.
+    Returns:
+        `EigenResult` with eigenvalues ascending and M-orthonormal eigenvectors.
+    Raises:
+        ValueError: a >= b, non-square or mismatched A and M, slices < 1, or an interval that
+            covers the whole spectrum.
+    """
+    config = SolverConfig(a=a, b=b) if config is None else dataclasses.replace(config, a=a, b=b)
+    if slices < 1:
+        raise ValueError(f"slices must be >= 1, got {slices}")
+    pencil = scale_pencil(A, M, config)
+    n = pencil.n
+    if b < pencil.lmin or a > pencil.lmax:
+        return EigenResult(
+            np.zeros(0),
+            np.zeros((n, 0)),
+            np.zeros(0),
+            pencil.counters,
+            [],
+            pencil.lmin,
+            pencil.lmax,
+            pencil.mass_bounds,
+        )
+    if slices == 1:
+        bounds = np.array([a, b])
+    else:
+        # slicing only needs [a, b] clipped to the spectrum: outside it the count is zero
+        dos = kpm_dos(pencil, degree=dos_degree, num_vectors=dos_vectors, seed=config.seed)
+        bounds = slice_spectrum(dos, max(a, pencil.lmin), min(b, pencil.lmax), slices)
+        bounds[0], bounds[-1] = a, b
+    values, vectors, residuals, infos = [], [], [], []
+    for i in range(slices):
+        lo, hi = float(bounds[i]), float(bounds[i + 1])
+        poly = find_polynomial(
+            lo,
+            hi,
+            pencil.lmin,
+            pencil.lmax,
+            thresh_int=config.thresh_int,
+            thresh_ext=config.thresh_ext,
+            damping=config.damping,
+            max_degree=config.max_degree,
+        )
+        run = filtered_lanczos(pencil, poly, config, accept_interval=(lo, hi, i == slices - 1))
+        values.append(run.eigenvalues)
+        vectors.append(run.eigenvectors)
+        residuals.append(run.residuals)
+        infos.append(
+            SliceInfo(
+                a=lo,
+                b=hi,
+                degree=poly.degree,
+                bar=poly.bar,
+                filter_kind=poly.kind,
+                num_steps=run.num_steps,
+                num_found=run.eigenvalues.size,
+                num_candidates=run.num_candidates,
+                num_rejected=run.num_rejected,
+                converged=run.converged,
+            )
+        )
+    all_values = np.concatenate(values)
+    all_vectors = np.concatenate(vectors, axis=1)
+    all_residuals = np.concatenate(residuals)
+    order = np.argsort(all_values, kind="stable")
+    all_values, all_vectors, all_residuals = _merge_duplicates(
+        all_values[order], all_vectors[:, order], all_residuals[order], pencil.mass
+    )
+    return EigenResult(
+        eigenvalues=all_values,
+        eigenvectors=pencil.scaling[:, None] * all_vectors,
+        residuals=all_residuals,
+        counters=pencil.counters,
+        slices=infos,
+        lmin=pencil.lmin,
+        lmax=pencil.lmax,
+        mass_bounds=pencil.mass_bounds,
+    )
+
+
+def estimate_dos(A, M, *, config: SolverConfig, degree: int = 100, num_vectors: int = 30):
+    """KPM density of states of the pencil (A, M) after Jacobi scaling and mass setup.
+
+    Returns:
+        (DensityOfStates, Counters).
+    """
+    pencil = scale_pencil(A, M, config)
+    dos = kpm_dos(pencil, degree=degree, num_vectors=num_vectors, seed=config.seed)
+    return dos, pencil.counters
+
+
+def load_pencil(a_path, m_path=None):
+    """Read A (and M) from Matrix Market files as CSR matrices; M is None when not given."""
+    A = sp.csr_matrix(scipy.io.mmread(a_path))
+    M = None if m_path is None else sp.csr_matrix(scipy.io.mmread(m_path))
+    if A.shape[0] != A.shape[1]:
+        raise ValueError(f"A in {a_path} is not square: {A.shape}")
+    if M is not None and M.shape != A.shape:
+        raise ValueError(f"M in {m_path} has shape {M.shape}, A has {A.shape}")
+    return A, M
