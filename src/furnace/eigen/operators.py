@@ -12,6 +12,7 @@ every operator here accepts vectors (n,) and blocks (n, k).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -312,8 +313,17 @@ def scale_pencil(A, M, config, counters: Counters | None = None) -> ScaledPencil
             lo, hi = lanczos_bounds(scaled_mass, num_steps=config.bound_steps, seed=config.seed)
             # the Ritz minimum converges from above; never let alpha reach 0
             mass_bounds = (lo, hi) if lo > 0 else (1e-3 * hi, hi)
+        degree = config.cheb_mass_degree
+        kappa = mass_bounds[1] / mass_bounds[0]
+        if 2.0 * ((np.sqrt(kappa) - 1.0) / (np.sqrt(kappa) + 1.0)) ** degree > 1e-10:
+            # pEVSL's degree 25 assumes a Jacobi-scaled P1 mass (kappa <= 5); a worse
+            # conditioned M would make every Lanczos step inexact and the run crawl
+            degree = ChebyshevMassSolve.degree_for(kappa, 1e-12)
+            warnings.warn(f"the Jacobi-scaled M has condition {kappa:.3g}: degree "
+                          f"{config.cheb_mass_degree} of the Chebyshev mass solve would not "
+                          f"reach 1e-10, using degree {degree}", stacklevel=3)
         mass = ChebyshevMassSolve(
-            scaled_mass, mass_bounds[0], mass_bounds[1], config.cheb_mass_degree, counters
+            scaled_mass, mass_bounds[0], mass_bounds[1], degree, counters
         )
     a_op = ScaledOperator(A, scaling, counters, "a_matvecs")
     lmin, lmax = lanczos_bounds(a_op, mass, num_steps=config.bound_steps, seed=config.seed + 1)

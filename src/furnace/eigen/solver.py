@@ -91,6 +91,7 @@ def eigsh_interval(
     slices: int = 1,
     dos_degree: int = 100,
     dos_vectors: int = 30,
+    slice_indices=None,
 ) -> EigenResult:
     """All eigenpairs of A x = lambda M x with lambda in [a, b].
 
@@ -101,6 +102,8 @@ def eigsh_interval(
         config: `SolverConfig`; None uses the defaults.
         slices: number of slices with equal KPM-estimated counts, one Lanczos run each.
         dos_degree, dos_vectors: KPM degree and probe count, used when slices > 1.
+        slice_indices: solve only these slices (the others are skipped); the slicing is
+            deterministic, so ranks that split the slices among themselves agree on them.
     Returns:
         `EigenResult` with eigenvalues ascending and M-orthonormal eigenvectors.
     Raises:
@@ -131,7 +134,13 @@ def eigsh_interval(
         bounds = slice_spectrum(dos, max(a, pencil.lmin), min(b, pencil.lmax), slices)
         bounds[0], bounds[-1] = a, b
     values, vectors, residuals, infos = [], [], [], []
-    for i in range(slices):
+    chosen = range(slices) if slice_indices is None else sorted(set(slice_indices))
+    values.append(np.zeros(0))
+    vectors.append(np.zeros((n, 0)))
+    residuals.append(np.zeros(0))
+    for i in chosen:
+        if not 0 <= i < slices:
+            raise ValueError(f"slice index {i} is outside 0..{slices - 1}")
         lo, hi = float(bounds[i]), float(bounds[i + 1])
         poly = find_polynomial(
             lo,
