@@ -183,6 +183,10 @@ class ChebyshevMassSolve:
         return int(np.ceil(np.log(rel_residual / 2.0) / np.log(q)))
 
 
+# NormalModes' degree for P1 meshes (design note 1.2); enough for a Jacobi-scaled P1 mass
+PEVSL_MASS_DEGREE = 25
+
+
 class IdentityMass:
     """M = I for standard problems: solve and matvec are copies and cost nothing."""
 
@@ -313,15 +317,16 @@ def scale_pencil(A, M, config, counters: Counters | None = None) -> ScaledPencil
             lo, hi = lanczos_bounds(scaled_mass, num_steps=config.bound_steps, seed=config.seed)
             # the Ritz minimum converges from above; never let alpha reach 0
             mass_bounds = (lo, hi) if lo > 0 else (1e-3 * hi, hi)
-        degree = config.cheb_mass_degree
+        degree = config.cheb_mass_degree or PEVSL_MASS_DEGREE
         kappa = mass_bounds[1] / mass_bounds[0]
-        if 2.0 * ((np.sqrt(kappa) - 1.0) / (np.sqrt(kappa) + 1.0)) ** degree > 1e-10:
+        if (config.cheb_mass_degree is None
+                and 2.0 * ((np.sqrt(kappa) - 1.0) / (np.sqrt(kappa) + 1.0)) ** degree > 1e-10):
             # pEVSL's degree 25 assumes a Jacobi-scaled P1 mass (kappa <= 5); a worse
             # conditioned M would make every Lanczos step inexact and the run crawl
             degree = ChebyshevMassSolve.degree_for(kappa, 1e-12)
             warnings.warn(f"the Jacobi-scaled M has condition {kappa:.3g}: degree "
-                          f"{config.cheb_mass_degree} of the Chebyshev mass solve would not "
-                          f"reach 1e-10, using degree {degree}", stacklevel=3)
+                          f"{PEVSL_MASS_DEGREE} of the Chebyshev mass solve would not reach "
+                          f"1e-10, using degree {degree}", stacklevel=3)
         mass = ChebyshevMassSolve(
             scaled_mass, mass_bounds[0], mass_bounds[1], degree, counters
         )

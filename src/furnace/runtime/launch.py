@@ -15,6 +15,7 @@ from __future__ import annotations
 import faulthandler
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -208,7 +209,7 @@ def _collect(procs, results, world_size, timeout_s, stack_dir: Path) -> list[Any
         except queue.Empty:
             status = None
         if status == "ok":
-            outputs[rank] = payload
+            outputs[rank] = pickle.loads(payload)
         elif status == "port":
             raise _PortTaken()
         elif status == "error":
@@ -302,7 +303,9 @@ def _worker(fn, rank, world_size, args, kwargs, backend, port, timeout_s, num_th
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
         out = fn(rank, world_size, *args, **kwargs)
-        results.put(("ok", rank, out))
+        # plain pickle copies tensors into bytes: the queue's torch pickler would instead
+        # share their storage by file descriptor, which breaks once this process exits
+        results.put(("ok", rank, pickle.dumps(out)))
     except BaseException:
         results.put(("error", rank, traceback.format_exc()))
     finally:
