@@ -163,9 +163,8 @@ class BenchResult:
                 "results": {k: asdict(v) for k, v in self.results.items()}}
 
 
-def testbed(world_size: int) -> Topology:
+def testbed() -> Topology:
     """FasterMoE's testbed with every rank on its own node: all tokens cross 50 Gb/s."""
-    del world_size
     return v100_50gbps(gpus_per_node=1)
 
 
@@ -242,17 +241,17 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     overhead = 0.0
     single = 0.0
     if cfg.mode == "measured":
-        topology = testbed(world_size)
+        topology = testbed()
         netem_mode = None
     elif cfg.mode == "emulated":
         flops, single = _measure_expert_flops(cfg, plain)
         cpu = Device(name="this CPU (measured expert MLP)", peak_flops={"float32": flops},
                      memory_bytes=2**30, memory_bandwidth_Bps=1e10)
-        topology = balance_matched(testbed(world_size), cpu)
+        topology = balance_matched(testbed(), cpu)
         overhead = _measure_step_overhead(topology)
         netem_mode = "sleep"
     else:
-        topology = testbed(world_size)
+        topology = testbed()
         netem_mode = "virtual"
     out = {"topology": topology.name, "flops_per_s": topology.device.flops("float32"),
            "bandwidth_Bps": topology.inter_node.bandwidth_Bps, "step_overhead_s": overhead,

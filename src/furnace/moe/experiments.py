@@ -159,7 +159,7 @@ def _cores() -> int:
 
 def _testbed_perf(W: int, d_model: int = 256, d_hidden: int = 1024) -> MoEPerfModel:
     # NCCL-scale fixed cost per exchange step (assumed 20 us)
-    return MoEPerfModel.from_topology(testbed(W), d_model=d_model, d_hidden=d_hidden,
+    return MoEPerfModel.from_topology(testbed(), d_model=d_model, d_hidden=d_hidden,
                                       world_size=W, step_overhead_s=20e-6)
 
 
