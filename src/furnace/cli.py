@@ -164,7 +164,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
             console.print(f"{exp.system}/{exp.name}{'' if exp.quick else ' (full set only)'}: "
                           f"{exp.title}")
         for system in missing:
-            console.print(f"{system}: not built yet")
+            console.print(f"{system}: {reproduce.missing_reason(system)}")
         return 0
     outcomes = reproduce.run(args.systems, quick=args.quick, out_dir=args.out,
                              show_progress=not args.no_progress)
@@ -182,7 +182,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         console.print(f"[red]{o.experiment.system}/{o.experiment.name} failed:[/red]\n{o.error}")
     _, missing = reproduce.select(args.systems, quick=args.quick)
     for system in missing:
-        console.print(f"skipped {system} ({titles[system]}): not built yet")
+        console.print(f"skipped {system} ({titles[system]}): "
+                      f"{reproduce.missing_reason(system)}")
     console.print(f"report: {args.out}/report.md")
     return 1 if failed else 0
 

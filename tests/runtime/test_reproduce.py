@@ -82,10 +82,14 @@ def test_discovery_skips_systems_not_built():
 
 @pytest.mark.timeout(60)
 def test_report_lists_systems_not_built(tmp_path, monkeypatch):
+    # pretend nothing registers experiments: moe exists as a package, hybrid does not
     monkeypatch.setattr(reproduce, "discover", lambda system: None)
-    outcomes = reproduce.run(["moe", "eigen"], quick=True, out_dir=tmp_path,
+    monkeypatch.setattr(reproduce.importlib.util, "find_spec",
+                        lambda name: None if name == "furnace.hybrid" else object())
+    outcomes = reproduce.run(["moe", "hybrid"], quick=True, out_dir=tmp_path,
                              show_progress=False)
     assert outcomes == []
     report = (tmp_path / "report.md").read_text()
-    assert "| moe | - | not built yet | - |" in report
-    assert "## Not built yet" in report and "`eigen`" in report
+    assert "| hybrid | - | not built yet | - |" in report
+    assert "| moe | - | no experiments registered yet | - |" in report
+    assert "## Skipped" in report and "`hybrid` (not built yet)" in report

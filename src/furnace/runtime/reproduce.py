@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib
+import importlib.util
 import json
 import math
 import platform
@@ -162,6 +163,13 @@ def discover(system: str) -> list[Experiment] | None:
     return experiments
 
 
+def missing_reason(system: str) -> str:
+    """Why a system has no experiments: not built at all, or built without experiments yet."""
+    if importlib.util.find_spec(f"furnace.{system}") is None:
+        return "not built yet"
+    return "no experiments registered yet"
+
+
 def select(systems: Sequence[str], quick: bool) -> tuple[list[Experiment], list[str]]:
     """Experiments to run and the systems that are not built yet."""
     chosen, missing = [], []
@@ -273,7 +281,7 @@ def write_report(
         status = "ok" if o.error is None else "FAILED"
         md.append(f"| {o.experiment.system} | {o.experiment.name} | {status} | {o.seconds:.1f} |")
     for system in missing:
-        md.append(f"| {system} | - | not built yet | - |")
+        md.append(f"| {system} | - | {missing_reason(system)} | - |")
     for system in systems:
         mine = [o for o in outcomes if o.experiment.system == system]
         if not mine:
@@ -302,8 +310,8 @@ def write_report(
             for note in res.notes:
                 md += ["", note]
     if missing:
-        md += ["", "## Not built yet", ""]
-        md += [f"- `{s}`: {titles.get(s, '')}" for s in missing]
+        md += ["", "## Skipped", ""]
+        md += [f"- `{s}` ({missing_reason(s)}): {titles.get(s, '')}" for s in missing]
     report = out / "report.md"
     report.write_text("\n".join(md) + "\n")
     payload = {
