@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("assembly", "identify", "lamb", "mesh", "models")
+_SUBMODULES = ("assembly", "identify", "lamb", "mesh", "models", "radial", "solve")
 
 
 def __getattr__(name: str):
