@@ -27,7 +27,7 @@ from furnace.runtime.reproduce import Claim, Experiment, Result, RunContext, Tab
 
 from .bench import BenchConfig, BenchResult, perf_model_of, run_bench, testbed
 from .perfmodel import MoEPerfModel
-from .simulate import Policy, simulate_policies, simulate_step, synthetic_counts
+from .simulate import Policy, choose_policy, simulate_policies, simulate_step, synthetic_counts
 from .workload import hot_expert, zipf
 
 PAPER = "He et al., FasterMoE, PPoPP'22"
@@ -261,8 +261,6 @@ def roofline(ctx: RunContext) -> Result:
     counts = synthetic_counts(W, 1, T, hot_expert(W, 0.5))
     rows, points = [], []
     for name in POLICY_NAMES:
-        from .simulate import choose_policy
-
         pol = choose_policy(name, perf, counts, 1)
         t = simulate_step(counts, perf, 1, pol).makespan
         # useful work per worker: every token's expert GEMMs, fwd + bwd, spread evenly

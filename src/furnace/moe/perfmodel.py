@@ -46,14 +46,6 @@ class StepLatency:
     shadow_s: float
     total: float
 
-    @property
-    def max_compute_s(self) -> float:
-        return max(self.compute_s)
-
-    @property
-    def max_comm_s(self) -> float:
-        return max(self.comm_s)
-
 
 @dataclass(frozen=True, kw_only=True)
 class MoEPerfModel:
