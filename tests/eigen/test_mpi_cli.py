@@ -1,5 +1,7 @@
-"""`furnace eigen solve` on Matrix Market files, on one rank and under ``mpiexec -n 2``
-(slices spread over ranks must give the same eigenvalues as one rank)."""
+"""`furnace eigen solve` on Matrix Market files, on one rank and under ``mpiexec -n 2`` in
+pEVSL's three parallel modes (Shi et al., SC'18, section IV.D): slices spread over ranks, rows
+of each slice split over ranks, and groups of ranks per slice must all give the eigenvalues
+of one rank."""
 
 from __future__ import annotations
 
@@ -16,6 +18,19 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from furnace.cli import main
+
+from .conftest import gap_interval, laplacian_pencil
+
+
+def _mpiexec() -> str:
+    """The mpiexec next to this Python (the mpich wheel) or on PATH; skips the test if none."""
+    mpiexec = Path(sys.executable).with_name("mpiexec")
+    if not mpiexec.exists():
+        mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("mpiexec is not installed (pip install 'furnace[hpc]')")
+    pytest.importorskip("mpi4py")
+    return str(mpiexec)
 
 
 def _pencil(tmp_path: Path, n: int = 8):
@@ -53,12 +68,7 @@ def test_cli_matches_dense_reference(tmp_path, capsys):
 
 @pytest.mark.timeout(240)
 def test_mpiexec_two_ranks_equals_one(tmp_path):
-    mpiexec = Path(sys.executable).with_name("mpiexec")
-    if not mpiexec.exists():
-        mpiexec = shutil.which("mpiexec")
-    if mpiexec is None:
-        pytest.skip("mpiexec is not installed (pip install 'furnace[hpc]')")
-    pytest.importorskip("mpi4py")
+    mpiexec = _mpiexec()
     _pencil(tmp_path)
     args = [str(tmp_path / "A.mtx"), "--mass", str(tmp_path / "M.mtx"), "--interval", "2.0",
             "2.6", "--lumped"]
@@ -73,3 +83,84 @@ def test_mpiexec_two_ranks_equals_one(tmp_path):
     assert b["ranks"] == 2
     assert len(a["eigenvalues"]) == len(b["eigenvalues"]) > 0
     np.testing.assert_allclose(b["eigenvalues"], a["eigenvalues"], rtol=1e-12)
+
+
+# mpiexec -n 2 runs compared with one rank: (mode, group size); all with 2 slices
+MPI_RUNS = [("rows", None), ("groups", 1), ("groups", 2)]
+
+
+@pytest.fixture(scope="module")
+def solve_cli(tmp_path_factory):
+    """`solve_cli(mass, mode=None, group_size=None)`: the --json of one CLI run, run once.
+
+    mode None is the one-rank reference (in this process); the others run under
+    ``mpiexec -n 2`` through ``python -m furnace.eigen.cli``, which skips the `furnace`
+    command's torch import on every rank. The pencil is n = 150 with a well-conditioned mass
+    (the default mass solve degree suffices), the interval 8 eigenvalues between gaps.
+    """
+    tmp_path = tmp_path_factory.mktemp("modes")
+    A, M = laplacian_pencil((6, 5, 5), (1.0, 1.1, 1.3), seed=2)
+    scipy.io.mmwrite(tmp_path / "A.mtx", A)
+    scipy.io.mmwrite(tmp_path / "M.mtx", M)
+    done: dict[tuple, dict] = {}
+
+    def solve(mass: str, mode: str | None = None, group_size: int | None = None) -> dict:
+        key = (mass, mode, group_size)
+        if key in done:
+            return done[key]
+        lumped = mass == "lumped"
+        mass_matrix = sp.diags(np.asarray(M.sum(axis=1)).ravel()) if lumped else M
+        dense = scipy.linalg.eigh(A.toarray(), mass_matrix.toarray(), eigvals_only=True)
+        a, b = gap_interval(dense, 3, 8)
+        out = tmp_path / f"{mass}-{mode}-{group_size}.json"
+        args = ["eigen", "solve", str(tmp_path / "A.mtx"), "--mass", str(tmp_path / "M.mtx"),
+                "--interval", repr(a), repr(b), "--slices", "2", "--json", str(out),
+                *(["--lumped"] if lumped else [])]
+        if mode is None:
+            assert main(args) == 0
+        else:
+            extra = [] if group_size is None else ["--group-size", str(group_size)]
+            run = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m",
+                                  "furnace.eigen.cli", *args, "--mode", mode, *extra],
+                                 capture_output=True, text=True, timeout=200)
+            assert run.returncode == 0, run.stdout + run.stderr
+        done[key] = json.loads(out.read_text())
+        done[key]["want"] = dense[(dense >= a) & (dense <= b)]
+        return done[key]
+
+    return solve
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode,group_size", MPI_RUNS)
+@pytest.mark.parametrize("mass", ["consistent", "lumped"])
+def test_mpiexec_mode_matches_one_rank(solve_cli, mass, mode, group_size):
+    _mpiexec()
+    one = solve_cli(mass)
+    assert one["mode"] == "slices" and one["ranks"] == 1 and one["seconds"] > 0
+    assert len(one["eigenvalues"]) == 8
+    np.testing.assert_allclose(one["eigenvalues"], one["want"], rtol=1e-10)
+    run = solve_cli(mass, mode, group_size)
+    assert run["ranks"] == 2 and run["mode"] == mode and run["slices"] == 2
+    assert run["group_size"] == (2 if group_size is None else group_size)
+    assert run["seconds"] > 0 and len(run["rank_counters"]) == 2
+    assert len(run["eigenvalues"]) == len(one["eigenvalues"])
+    np.testing.assert_allclose(run["eigenvalues"], one["eigenvalues"], rtol=1e-10)
+    assert max(run["residuals"]) <= 1e-10
+
+
+@pytest.mark.timeout(200)
+def test_mpiexec_rows_mode_counts_halo_bytes_and_allreduces(solve_cli):
+    _mpiexec()
+    for mass in ("lumped", "consistent"):
+        for counters in solve_cli(mass, "rows")["rank_counters"]:
+            assert counters["halo_bytes"] > 0 and counters["halo_messages"] > 0
+            assert counters["allreduces"] > 0
+            # at most one message per matvec (a block of k columns is one message), each
+            # of at least one value
+            assert counters["halo_messages"] <= counters["a_matvecs"] + counters["m_matvecs"]
+            assert counters["halo_bytes"] >= 8 * counters["halo_messages"]
+    # a slice per rank: nothing is exchanged before the final gather
+    for counters in solve_cli("lumped", "groups", 1)["rank_counters"]:
+        assert counters["halo_bytes"] == counters["halo_messages"] == 0
+        assert counters["allreduces"] == 0

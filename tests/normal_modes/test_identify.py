@@ -91,3 +91,21 @@ def test_identifies_lamb_ball_multiplets():
             assert max(m.radial_fraction for m in g["ids"]) < 0.01
         else:
             assert min(m.radial_fraction for m in g["ids"]) > 0.05
+
+
+def test_identify_reads_the_right_nodes_on_a_curved_p2_mesh():
+    # scikit-fem renumbers the vertices of a curved order-2 mesh; identification must match
+    # dofs to mesh nodes by position, or a rigid rotation comes out as noise
+    pytest.importorskip("gmsh")
+    pytest.importorskip("skfem")
+    from furnace.normal_modes.assembly import assemble, homogeneous, point_dofs
+    from furnace.normal_modes.identify import identify_mode
+    from furnace.normal_modes.mesh import ball_mesh
+
+    mesh = ball_mesh(1.0, 0.35, order=2)
+    _, _, basis = assemble(mesh, homogeneous(1.0, np.sqrt(3.0), 1.0), order=2,
+                           return_basis=True)
+    u = np.zeros(basis.N)
+    u[point_dofs(mesh, basis)] = np.cross([0.0, 0.0, 1.0], mesh.points)
+    mode = identify_mode(mesh, u, basis, lmax=4)
+    assert (mode.kind, mode.l) == ("T", 1) and mode.residual < 1e-6

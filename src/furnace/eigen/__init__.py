@@ -19,6 +19,7 @@ from furnace.eigen.operators import (
     lanczos_bounds,
     scale_pencil,
 )
+from furnace.eigen.parallel import ParallelLayout, eigsh_interval_mpi
 from furnace.eigen.solver import (
     EigenResult,
     SliceInfo,
@@ -35,12 +36,14 @@ __all__ = [
     "EigenResult",
     "LanczosResult",
     "LumpedMass",
+    "ParallelLayout",
     "ScaledOperator",
     "ScaledPencil",
     "SliceInfo",
     "SolverConfig",
     "damping_factors",
     "eigsh_interval",
+    "eigsh_interval_mpi",
     "estimate_dos",
     "filtered_lanczos",
     "find_polynomial",

@@ -3,7 +3,8 @@
 Implements EVSL's `kpmdos` and `spslicer` (Li, Xi, Erlandson, Saad, EVSL, SIAM J. Sci. Comput.
 2019, section 2; Lin, Saad, Yang, "Approximating spectral densities of large matrices", SIAM
 Review 2016, section 3.1), used by pEVSL to give each slice of [a, b] the same share of
-eigenvalues (Shi, Li, Xi, Saad, de Hoop, SC'18, section IV.C).
+eigenvalues (Shi, Li, Xi, Saad, de Hoop, SC'18, section IV.C). With rows split over ranks the
+probe traces are summed locally and reduced once, through `pencil.space`.
 """
 
 from __future__ import annotations
@@ -77,13 +78,17 @@ def kpm_dos(
 
     trace(T_k(M^-1 A)) is similarity-invariant, so plain Rademacher vectors v with
     E[v v^T] = I estimate it without the M-inner product. All vectors advance as one block.
+    The probes are drawn for all n rows on every rank and restricted to the local ones, so a
+    row partition sees the serial probes; the moments are sums over rows, so the per-rank
+    partial moments need a single reduction at the end.
     """
     if degree < 1 or num_vectors < 1:
         raise ValueError(f"degree and num_vectors must be >= 1, got {degree}, {num_vectors}")
     center = 0.5 * (pencil.lmax + pencil.lmin)
     half_width = 0.5 * (pencil.lmax - pencil.lmin)
     rng = np.random.default_rng(seed)
-    probes = rng.choice([-1.0, 1.0], size=(pencil.n, num_vectors))
+    space = pencil.space
+    probes = space.restrict(rng.choice([-1.0, 1.0], size=(space.size, num_vectors)))
 
     def mapped(x: np.ndarray) -> np.ndarray:
         return (pencil.apply_minv_a(x) - center * x) / half_width
@@ -96,6 +101,7 @@ def kpm_dos(
     for k in range(2, degree + 1):
         prev, cur = cur, 2.0 * mapped(cur) - prev
         moments[k] = np.sum(probes * cur) / num_vectors
+    moments = space.reduce(moments)
     return DensityOfStates(moments, damping_factors(degree, damping), pencil.lmin, pencil.lmax)
 
 

@@ -4,18 +4,24 @@ Implements Algorithm 1 of Li, Xi, Erlandson, Saad, "The eigenvalues slicing libr
 SIAM J. Sci. Comput. 2019 (section 3.2), as called by NormalModes (Shi, Li, Xi, Saad, de Hoop,
 SC'18, section IV): Lanczos on p(M^-1 A), keeping both V and Z = M V so that p is applied as
 p(A M^-1) to z, with full CGS2 (DGKS) reorthogonalisation, the restricted trace convergence
-test, and Rayleigh-quotient acceptance of Ritz pairs inside [a, b].
+test, and Rayleigh-quotient acceptance of Ritz pairs inside [a, b]. Every inner product goes
+through `pencil.space`, so with rows split over ranks (SC'18 section IV.D) each one is a local
+product plus one allreduce, as in pEVSL.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.linalg
 
 from furnace.eigen.filters import ChebFilter
-from furnace.eigen.operators import Counters, ScaledPencil
+from furnace.eigen.operators import Counters, ScaledPencil, SerialSpace
+
+# counts that the operators and the space add to the pencil's Counters as they work
+_OPERATOR_COUNTS = ("a_matvecs", "m_matvecs", "halo_bytes", "halo_messages", "allreduces")
 
 
 @dataclass
@@ -24,7 +30,8 @@ class LanczosResult:
 
     Attributes:
         eigenvalues: (k,) ascending.
-        eigenvectors: (n, k) M~-orthonormal vectors of the scaled pencil.
+        eigenvectors: (n, k) M~-orthonormal vectors of the scaled pencil (this rank's rows
+            with a distributed space).
         residuals: (k,) relative residuals (see `relative_residuals`).
         converged: whether the trace test passed before the step cap.
         num_steps: Krylov dimension reached.
@@ -43,18 +50,22 @@ class LanczosResult:
     counters: Counters = field(default_factory=Counters)
 
 
-def relative_residuals(a_op, m_op, vectors, values, scale: float) -> np.ndarray:
+def relative_residuals(
+    a_op, m_op, vectors, values, scale: float, space: SerialSpace | None = None
+) -> np.ndarray:
     """||A u - rho M u||_2 / (max(scale, |rho|) ||M u||_2) for each column u.
 
     The denominator uses the interval scale max(|a|, |b|) rather than |rho| alone, so that
     an eigenvalue near zero inside a wide interval is not held to an impossible standard.
+    `space` sums the norms over ranks (default: one process).
     """
     if vectors.shape[1] == 0:
         return np.zeros(0)
+    space = SerialSpace(vectors.shape[0]) if space is None else space
     au = a_op @ vectors
     mu = m_op @ vectors
-    res = np.linalg.norm(au - mu * values, axis=0)
-    denom = np.maximum(scale, np.abs(values)) * np.linalg.norm(mu, axis=0)
+    res = space.norms(au - mu * values)
+    denom = np.maximum(scale, np.abs(values)) * space.norms(mu)
     return res / denom
 
 
@@ -62,8 +73,8 @@ def _rayleigh_ritz(pencil: ScaledPencil, basis: np.ndarray):
     """Eigenpairs of (A~, M~) projected on span(basis), M~-orthonormal (exact M~, not M~^-1)."""
     a_basis = pencil.a_op @ basis
     m_basis = pencil.mass @ basis
-    a_small = basis.T @ a_basis
-    m_small = basis.T @ m_basis
+    a_small = pencil.space.dot(basis, a_basis)
+    m_small = pencil.space.dot(basis, m_basis)
     a_small = 0.5 * (a_small + a_small.T)
     m_small = 0.5 * (m_small + m_small.T)
     values, coeffs = scipy.linalg.eigh(a_small, m_small)
@@ -91,19 +102,21 @@ def filtered_lanczos(
         `LanczosResult`; counters are also merged into pencil.counters.
     """
     counters = Counters()
+    space = pencil.space
     n = pencil.n
     lo, hi, closed_hi = accept_interval or (poly.a, poly.b, True)
-    max_steps = config.max_lanczos_steps or min(n, 2000)
-    max_steps = min(max_steps, n)
-    before = (pencil.counters.a_matvecs, pencil.counters.m_matvecs)
+    # the Krylov dimension is bounded by the global n, so every rank stops at the same step
+    max_steps = config.max_lanczos_steps or min(space.size, 2000)
+    max_steps = min(max_steps, space.size)
+    before = dataclasses.replace(pencil.counters)
 
     def filtered(z: np.ndarray) -> np.ndarray:
         return poly.apply(pencil.apply_a_minv, z, counters)
 
     rng = np.random.default_rng(config.seed)
-    z = filtered(pencil.mass @ rng.standard_normal(n))
+    z = filtered(pencil.mass @ space.restrict(rng.standard_normal(space.size)))
     v = pencil.mass.solve(z)
-    norm = np.sqrt(v @ z)
+    norm = np.sqrt(space.dot(v, z))
     capacity = min(max_steps + 1, 64)
     basis_v = np.empty((n, capacity))
     basis_z = np.empty((n, capacity))
@@ -124,7 +137,7 @@ def filtered_lanczos(
         ritz_vectors = basis_v[:, :num] @ coeffs[:, wanted]
         values, vectors = _rayleigh_ritz(pencil, ritz_vectors)
         inside = (values >= lo) & ((values <= hi) if closed_hi else (values < hi))
-        res = relative_residuals(pencil.a_op, pencil.mass, vectors, values, scale)
+        res = relative_residuals(pencil.a_op, pencil.mass, vectors, values, scale, space)
         good = inside & (res <= config.tol)
         # candidates inside [a, b] that fail the residual test mean "not yet converged"
         pending = int(np.sum(inside & ~good))
@@ -135,17 +148,17 @@ def filtered_lanczos(
         z_new = filtered(basis_z[:, j])
         if j > 0:
             z_new -= betas[-1] * basis_z[:, j - 1]
-        alpha = float(basis_v[:, j] @ z_new)
+        alpha = float(space.dot(basis_v[:, j], z_new))
         z_new -= alpha * basis_z[:, j]
         # CGS2: the M~^-1-inner products of w = M~^-1 z_new with v_i are v_i^T z_new
         for _ in range(2):
-            z_new -= basis_z[:, : j + 1] @ (basis_v[:, : j + 1].T @ z_new)
+            z_new -= basis_z[:, : j + 1] @ space.dot(basis_v[:, : j + 1], z_new)
         counters.reorth_flops += 8 * n * (j + 1)
         alphas.append(alpha)
         num = j + 1
         counters.lanczos_steps = num
         v_new = pencil.mass.solve(z_new)
-        beta = float(np.sqrt(max(v_new @ z_new, 0.0)))
+        beta = float(np.sqrt(max(space.dot(v_new, z_new), 0.0)))
         invariant = beta <= 1e-13 * max(abs(alpha), 1.0)
         step = j + 1
         check = step >= config.min_steps and (step - config.min_steps) % config.check_every == 0
@@ -172,9 +185,9 @@ def filtered_lanczos(
         accepted = accept(num)
     values, vectors, res, num_candidates, _ = accepted
     counters.peak_basis_bytes = max(counters.peak_basis_bytes, basis_v.nbytes + basis_z.nbytes)
-    counters.a_matvecs = pencil.counters.a_matvecs - before[0]
-    counters.m_matvecs = pencil.counters.m_matvecs - before[1]
     shared = pencil.counters
+    for name in _OPERATOR_COUNTS:
+        setattr(counters, name, getattr(shared, name) - getattr(before, name))
     shared.filtered_matvecs += counters.filtered_matvecs
     shared.filter_degree = max(shared.filter_degree, counters.filter_degree)
     shared.lanczos_steps += counters.lanczos_steps

@@ -7,13 +7,16 @@ ed., p. 399, Algorithm 12.1), the lumped (diagonal) alternative, and Lanczos est
 spectral bounds (Li, Xi, Erlandson, Saad, EVSL, SIAM J. Sci. Comput. 2019, section 3).
 
 A and M may be scipy sparse matrices, dense arrays or `scipy.sparse.linalg.LinearOperator`;
-every operator here accepts vectors (n,) and blocks (n, k).
+every operator here accepts vectors (n,) and blocks (n, k). Every inner product goes through a
+"space" (`SerialSpace` here, `furnace.eigen.distributed.DistributedSpace` for rows split over
+MPI ranks, as pEVSL's ParCSR vectors are), so the same code runs on one rank or on a row
+partition.
 """
 
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import scipy.linalg
@@ -22,7 +25,12 @@ import scipy.sparse as sp
 
 @dataclass
 class Counters:
-    """Work done by every stage, counted per vector (a block of k columns counts k)."""
+    """Work done by every stage, counted per vector (a block of k columns counts k).
+
+    With rows split over ranks every count is one rank's own: halo_bytes and halo_messages
+    are what it sent in the ghost exchanges of its matvecs, allreduces its global reductions
+    (all three stay 0 on one rank).
+    """
 
     a_matvecs: int = 0
     m_matvecs: int = 0
@@ -31,6 +39,9 @@ class Counters:
     lanczos_steps: int = 0
     reorth_flops: int = 0
     peak_basis_bytes: int = 0
+    halo_bytes: int = 0
+    halo_messages: int = 0
+    allreduces: int = 0
 
     def merge(self, other: Counters) -> None:
         self.a_matvecs += other.a_matvecs
@@ -40,6 +51,9 @@ class Counters:
         self.lanczos_steps += other.lanczos_steps
         self.reorth_flops += other.reorth_flops
         self.peak_basis_bytes = max(self.peak_basis_bytes, other.peak_basis_bytes)
+        self.halo_bytes += other.halo_bytes
+        self.halo_messages += other.halo_messages
+        self.allreduces += other.allreduces
 
 
 def _num_columns(x: np.ndarray) -> int:
@@ -116,6 +130,42 @@ class ScaledOperator:
             return self._scaled @ x
         d = self._d if x.ndim == 1 else self._d[:, None]
         return d * np.asarray(self._op @ (d * x))
+
+
+class SerialSpace:
+    """All n rows in one process: inner products are plain NumPy, with no communication.
+
+    The interface the solver uses for every reduction and every random start vector, so that
+    `furnace.eigen.distributed.DistributedSpace` can take the place of this one. Each method
+    is the exact expression the serial solver had inline, so results stay bit-for-bit equal.
+
+    Attributes:
+        size: n, the global number of rows (equal to local_size here).
+    """
+
+    def __init__(self, size: int):
+        self.size = int(size)
+        self.local_size = self.size
+
+    def dot(self, x: np.ndarray, y: np.ndarray):
+        """X^T Y: a scalar for two vectors, (k,) or (k, l) for blocks."""
+        return x.T @ y
+
+    def norms(self, x: np.ndarray) -> np.ndarray:
+        """2-norm of each column of an (n, k) block."""
+        return np.linalg.norm(x, axis=0)
+
+    def reduce(self, partial: np.ndarray) -> np.ndarray:
+        """The sum over ranks of per-rank partial sums: the sums themselves on one rank."""
+        return partial
+
+    def restrict(self, x_global: np.ndarray) -> np.ndarray:
+        """This process's rows of a global (n,) or (n, k) array: all of them."""
+        return x_global
+
+    def scaled_operator(self, op, d: np.ndarray, counters: Counters, field_name: str):
+        """D op D on this process's rows, counting matvecs into counters.field_name."""
+        return ScaledOperator(op, d, counters, field_name)
 
 
 class LumpedMass:
@@ -207,6 +257,7 @@ def lanczos_bounds(
     num_steps: int = 100,
     seed: int = 0,
     margin: float = 1e-3,
+    space: SerialSpace | None = None,
 ) -> tuple[float, float]:
     """Estimate [lmin, lmax] of mass^-1 op by Lanczos with full reorthogonalisation.
 
@@ -219,31 +270,35 @@ def lanczos_bounds(
         op: symmetric operator with `@` (the scaled A, or the scaled M itself).
         mass: object with `@` and `solve` defining the inner product; None for the identity.
         num_steps: Lanczos steps, capped at n.
+        space: where the vectors live and how their inner products are summed; None is
+            `SerialSpace` of op's size.
     Returns:
         (lmin, lmax).
     """
-    n = op.shape[0]
+    if space is None:
+        space = SerialSpace(op.shape[0])
+    n = space.local_size
     if mass is None:
         mass = IdentityMass(n)
-    num_steps = max(2, min(num_steps, n))
+    num_steps = max(2, min(num_steps, space.size))
     rng = np.random.default_rng(seed)
-    v = rng.standard_normal(n)
+    v = space.restrict(rng.standard_normal(space.size))
     z = mass @ v
-    norm = np.sqrt(v @ z)
+    norm = np.sqrt(space.dot(v, z))
     basis_v = np.zeros((n, num_steps))
     basis_z = np.zeros((n, num_steps))
     basis_v[:, 0], basis_z[:, 0] = v / norm, z / norm
     alphas, betas = [], []
     for j in range(num_steps):
         z_new = op @ basis_v[:, j]
-        alpha = basis_v[:, j] @ z_new
+        alpha = space.dot(basis_v[:, j], z_new)
         z_new -= alpha * basis_z[:, j]
         if j > 0:
             z_new -= betas[-1] * basis_z[:, j - 1]
         for _ in range(2):
-            z_new -= basis_z[:, : j + 1] @ (basis_v[:, : j + 1].T @ z_new)
+            z_new -= basis_z[:, : j + 1] @ space.dot(basis_v[:, : j + 1], z_new)
         v_new = mass.solve(z_new)
-        beta = np.sqrt(max(v_new @ z_new, 0.0))
+        beta = np.sqrt(max(space.dot(v_new, z_new), 0.0))
         alphas.append(alpha)
         if j == num_steps - 1 or beta <= 1e-14 * max(abs(alpha), 1.0):
             break
@@ -261,7 +316,8 @@ def lanczos_bounds(
 class ScaledPencil:
     """The Jacobi-scaled pencil (A~, M~) = (D A D, D M D) with its mass solver and bounds.
 
-    Eigenvectors map back as x = D x~; x~ M~-orthonormal implies x M-orthonormal.
+    Eigenvectors map back as x = D x~; x~ M~-orthonormal implies x M-orthonormal. With a
+    `DistributedSpace` the operators, the scaling and all vectors hold this rank's rows only.
     """
 
     a_op: ScaledOperator
@@ -271,9 +327,15 @@ class ScaledPencil:
     lmax: float
     mass_bounds: tuple[float, float] | None
     counters: Counters
+    space: SerialSpace = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.space is None:
+            self.space = SerialSpace(self.scaling.size)
 
     @property
     def n(self) -> int:
+        """Rows held here (n on one rank, the local rows with a `DistributedSpace`)."""
         return self.scaling.size
 
     def apply_minv_a(self, x: np.ndarray) -> np.ndarray:
@@ -285,36 +347,45 @@ class ScaledPencil:
         return self.a_op @ self.mass.solve(z)
 
 
-def scale_pencil(A, M, config, counters: Counters | None = None) -> ScaledPencil:
+def scale_pencil(
+    A, M, config, counters: Counters | None = None, *, space: SerialSpace | None = None
+) -> ScaledPencil:
     """Jacobi-scale (A, M), build the mass solver of `config.mass`, estimate [lmin, lmax].
 
-    M = None means the standard problem (M = I).
+    M = None means the standard problem (M = I). `space` (default `SerialSpace`) decides
+    which rows this process keeps; the scaling and the lumped diagonal are row-local, so they
+    are computed on the whole pencil and restricted. A `DistributedSpace` counts its
+    allreduces into its own Counters: pass the same object as `counters`.
     """
     counters = Counters() if counters is None else counters
     n = check_square(A, "A")
     if M is not None and check_square(M, "M") != n:
         raise ValueError(f"A and M must have the same shape, got {A.shape} and {M.shape}")
+    space = SerialSpace(n) if space is None else space
+    if space.size != n:
+        raise ValueError(f"the space has {space.size} rows, the pencil {n}")
     mass_bounds = None
     if M is None:
         scaling = np.ones(n)
-        mass = IdentityMass(n)
+        mass = IdentityMass(space.local_size)
     elif config.mass == "lumped" or is_diagonal(M):
         diag = row_sums(M) if config.mass == "lumped" else operator_diagonal(M)
         if np.any(diag <= 0):
             raise ValueError("M must have a positive diagonal (row sums for mass='lumped')")
         # after scaling by diag^-1/2 the lumped mass is exactly the identity
         scaling = 1.0 / np.sqrt(diag)
-        mass = LumpedMass(np.ones(n), counters)
+        mass = LumpedMass(np.ones(space.local_size), counters)
     else:
         diag = operator_diagonal(M)
         if np.any(diag <= 0):
             raise ValueError("M must be symmetric positive definite (non-positive diagonal)")
         scaling = 1.0 / np.sqrt(diag)
-        scaled_mass = ScaledOperator(M, scaling, counters, "m_matvecs")
+        scaled_mass = space.scaled_operator(M, scaling, counters, "m_matvecs")
         if config.mass_bounds is not None:
             mass_bounds = tuple(float(x) for x in config.mass_bounds)
         else:
-            lo, hi = lanczos_bounds(scaled_mass, num_steps=config.bound_steps, seed=config.seed)
+            lo, hi = lanczos_bounds(scaled_mass, num_steps=config.bound_steps, seed=config.seed,
+                                    space=space)
             # the Ritz minimum converges from above; never let alpha reach 0
             mass_bounds = (lo, hi) if lo > 0 else (1e-3 * hi, hi)
         degree = config.cheb_mass_degree or PEVSL_MASS_DEGREE
@@ -330,6 +401,8 @@ def scale_pencil(A, M, config, counters: Counters | None = None) -> ScaledPencil
         mass = ChebyshevMassSolve(
             scaled_mass, mass_bounds[0], mass_bounds[1], degree, counters
         )
-    a_op = ScaledOperator(A, scaling, counters, "a_matvecs")
-    lmin, lmax = lanczos_bounds(a_op, mass, num_steps=config.bound_steps, seed=config.seed + 1)
-    return ScaledPencil(a_op, mass, scaling, lmin, lmax, mass_bounds, counters)
+    a_op = space.scaled_operator(A, scaling, counters, "a_matvecs")
+    lmin, lmax = lanczos_bounds(a_op, mass, num_steps=config.bound_steps, seed=config.seed + 1,
+                                space=space)
+    return ScaledPencil(a_op, mass, space.restrict(scaling), lmin, lmax, mass_bounds, counters,
+                        space)

@@ -20,7 +20,7 @@ from furnace.eigen.config import SolverConfig
 from furnace.eigen.dos import kpm_dos, slice_spectrum
 from furnace.eigen.filters import find_polynomial
 from furnace.eigen.lanczos import filtered_lanczos
-from furnace.eigen.operators import Counters, scale_pencil
+from furnace.eigen.operators import Counters, ScaledPencil, scale_pencil
 
 
 @dataclass
@@ -114,30 +114,58 @@ def eigsh_interval(
     if slices < 1:
         raise ValueError(f"slices must be >= 1, got {slices}")
     pencil = scale_pencil(A, M, config)
-    n = pencil.n
-    if b < pencil.lmin or a > pencil.lmax:
-        return EigenResult(
-            np.zeros(0),
-            np.zeros((n, 0)),
-            np.zeros(0),
-            pencil.counters,
-            [],
-            pencil.lmin,
-            pencil.lmax,
-            pencil.mass_bounds,
-        )
-    if slices == 1:
-        bounds = np.array([a, b])
+    bounds = _slice_bounds(pencil, config, slices, dos_degree, dos_vectors)
+    if bounds is None:
+        values, vectors, residuals, infos = _no_pairs(pencil.n)
     else:
-        # slicing only needs [a, b] clipped to the spectrum: outside it the count is zero
-        dos = kpm_dos(pencil, degree=dos_degree, num_vectors=dos_vectors, seed=config.seed)
-        bounds = slice_spectrum(dos, max(a, pencil.lmin), min(b, pencil.lmax), slices)
-        bounds[0], bounds[-1] = a, b
-    values, vectors, residuals, infos = [], [], [], []
-    chosen = range(slices) if slice_indices is None else sorted(set(slice_indices))
-    values.append(np.zeros(0))
-    vectors.append(np.zeros((n, 0)))
-    residuals.append(np.zeros(0))
+        chosen = range(slices) if slice_indices is None else sorted(set(slice_indices))
+        values, vectors, residuals, infos = _solve_slices(pencil, config, bounds, chosen)
+        order = np.argsort(values, kind="stable")
+        values, vectors, residuals = _merge_duplicates(
+            values[order], vectors[:, order], residuals[order], pencil.mass
+        )
+    return EigenResult(
+        eigenvalues=values,
+        eigenvectors=pencil.scaling[:, None] * vectors,
+        residuals=residuals,
+        counters=pencil.counters,
+        slices=infos,
+        lmin=pencil.lmin,
+        lmax=pencil.lmax,
+        mass_bounds=pencil.mass_bounds,
+    )
+
+
+def _no_pairs(n: int):
+    return np.zeros(0), np.zeros((n, 0)), np.zeros(0), []
+
+
+def _slice_bounds(pencil: ScaledPencil, config: SolverConfig, slices: int, dos_degree: int,
+                  dos_vectors: int) -> np.ndarray | None:
+    """Slice boundaries a = s_0 < ... < s_slices = b, or None if [a, b] misses the spectrum."""
+    a, b = config.a, config.b
+    if b < pencil.lmin or a > pencil.lmax:
+        return None
+    if slices == 1:
+        return np.array([a, b])
+    # slicing only needs [a, b] clipped to the spectrum: outside it the count is zero
+    dos = kpm_dos(pencil, degree=dos_degree, num_vectors=dos_vectors, seed=config.seed)
+    bounds = slice_spectrum(dos, max(a, pencil.lmin), min(b, pencil.lmax), slices)
+    bounds[0], bounds[-1] = a, b
+    return bounds
+
+
+def _solve_slices(pencil: ScaledPencil, config: SolverConfig, bounds: np.ndarray, chosen):
+    """One filter and one filtered Lanczos run for each slice index in `chosen`.
+
+    Returns:
+        (values, vectors, residuals, infos): the pairs of all chosen slices concatenated in
+        slice order (not sorted, not merged); vectors are of the scaled pencil, this
+        process's rows.
+    """
+    slices = bounds.size - 1
+    values, vectors, residuals, infos = _no_pairs(pencil.n)
+    values, vectors, residuals = [values], [vectors], [residuals]
     for i in chosen:
         if not 0 <= i < slices:
             raise ValueError(f"slice index {i} is outside 0..{slices - 1}")
@@ -170,23 +198,8 @@ def eigsh_interval(
                 converged=run.converged,
             )
         )
-    all_values = np.concatenate(values)
-    all_vectors = np.concatenate(vectors, axis=1)
-    all_residuals = np.concatenate(residuals)
-    order = np.argsort(all_values, kind="stable")
-    all_values, all_vectors, all_residuals = _merge_duplicates(
-        all_values[order], all_vectors[:, order], all_residuals[order], pencil.mass
-    )
-    return EigenResult(
-        eigenvalues=all_values,
-        eigenvectors=pencil.scaling[:, None] * all_vectors,
-        residuals=all_residuals,
-        counters=pencil.counters,
-        slices=infos,
-        lmin=pencil.lmin,
-        lmax=pencil.lmax,
-        mass_bounds=pencil.mass_bounds,
-    )
+    return (np.concatenate(values), np.concatenate(vectors, axis=1), np.concatenate(residuals),
+            infos)
 
 
 def estimate_dos(A, M, *, config: SolverConfig, degree: int = 100, num_vectors: int = 30):

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("assembly", "identify", "lamb", "mesh", "models", "radial", "solve")
+_SUBMODULES = (
+    "assembly", "export", "identify", "lamb", "mesh", "models", "plots", "radial", "solve",
+)
 
 
 def __getattr__(name: str):

@@ -11,14 +11,13 @@ Material is constant per element, evaluated at the element centroid, as NormalMo
 with its element-averaged density. In km, g/cm^3 and km/s the eigenvalues are omega^2 in
 s^-2, so f[mHz] = 1e3 sqrt(lambda) / (2 pi).
 
-Fluid layers (vs = 0) use the *welded* simplification: mu = 0 there and the fluid shares
-its interface nodes with the solid, so tangential slip at a fluid-solid boundary is
-suppressed. That stiffens modes that feel the boundary (an O(h)-type model error that the
-toroidal 1-D truth exposes) and adds a large null space of divergence-free fluid motions
-at lambda = 0 (with P1 the constraint div u = 0 per element also locks: on coarse meshes
-few such fields exist, so that null space is mesh dependent). NormalModes instead splits
-interface nodes (6 dofs) and uses a mixed displacement-pressure form with a Schur
-complement; that faithful option is future work.
+Fluid layers (vs = 0) come in two forms. fluid="welded" (the simplification) sets mu = 0
+there and lets the fluid share its interface nodes with the solid, so tangential slip at
+a fluid-solid boundary is suppressed. That drags core mass along with toroidal motion of
+the mantle (the toroidal 1-D truth exposes it) and, with P1, locks the fluid (div u = 0 per
+element). fluid="split" is NormalModes' form: interface nodes carry a fluid and a solid
+displacement (6 dofs) and the fluid enters through a P1 pressure Schur complement; see
+`fluid_solid.py`.
 """
 
 from __future__ import annotations
@@ -112,8 +111,44 @@ def vector_basis(mesh: TetMesh, order: int = 1):
 
 
 def vertex_dofs(basis) -> np.ndarray:
-    """[n_vertices, 3] global dof index of (u_x, u_y, u_z) at each mesh vertex."""
+    """[n_vertices, 3] global dof index of (u_x, u_y, u_z) at each vertex, in the basis's own
+    vertex order (which is mesh.points' order for order-1 meshes only; see point_dofs)."""
     return np.ascontiguousarray(basis.nodal_dofs.T)
+
+
+def point_dofs(mesh: TetMesh, basis) -> np.ndarray:
+    """[n_points, 3] global dof of (u_x, u_y, u_z) at every node of `mesh`.
+
+    scikit-fem renumbers the vertices of a curved (MeshTet2) mesh, so the basis's vertex
+    order is not mesh.points' order; the nodes are therefore matched by their coordinates
+    with the basis's dof locations (vertex and edge dofs), which holds for P1 and P2 alike.
+    A dof layout without dof locations (such as fluid_solid.SplitDofs, which has N and
+    nodal_dofs like a basis) must give nodal_dofs per mesh point, in mesh order.
+    """
+    if not hasattr(basis, "doflocs"):
+        nodal = np.asarray(basis.nodal_dofs)
+        if nodal.shape != (3, len(mesh.points)):
+            raise ValueError(
+                f"dof layout has nodal_dofs of shape {nodal.shape}; expected (3, "
+                f"{len(mesh.points)}), one column per mesh point"
+            )
+        return np.ascontiguousarray(nodal.T)
+    candidates = (basis.nodal_dofs, basis.edge_dofs, basis.facet_dofs)
+    groups = [d for d in candidates if d.size and d.shape[0] == 3]
+    if not groups:
+        raise ValueError("basis has no 3-component nodal dofs; expected a vector P1/P2 basis")
+    dofs = np.concatenate(groups, axis=1)  # row c holds the u_c dofs, one column per node
+    from scipy.spatial import cKDTree
+
+    dist, idx = cKDTree(basis.doflocs[:, dofs[0]].T).query(mesh.points)
+    scale = max(float(np.abs(mesh.points).max()), 1.0)
+    if dist.max() > 1e-9 * scale:
+        bad = int(np.count_nonzero(dist > 1e-9 * scale))
+        raise ValueError(
+            f"{bad} mesh nodes carry no dof of the basis (is it a basis on this mesh, and "
+            "a P1 basis on an order-1 mesh or a P2 basis?)"
+        )
+    return np.ascontiguousarray(dofs[:, idx].T)
 
 
 def assemble(
@@ -123,14 +158,26 @@ def assemble(
     lumped: bool = False,
     *,
     return_basis: bool = False,
+    fluid: str = "welded",
 ):
     """Stiffness K and mass M (scipy CSR) for the non-gravitating elastic problem.
 
     lumped=True returns a diagonal row-sum mass, valid for P1 only: for P2 the row sums
     at the vertices are zero or negative, so the lumped matrix would not be SPD.
     With return_basis=True the scikit-fem basis is returned as a third item (it fixes the
-    dof layout; see vertex_dofs).
+    dof layout; see vertex_dofs). fluid="split" (P1 only) uses the split-node
+    displacement-pressure form for vs = 0 elements; its third item is then a
+    `fluid_solid.SplitDofs`, which has the `N` and `nodal_dofs` of a basis.
     """
+    if fluid not in ("welded", "split"):
+        raise ValueError(f"fluid must be 'welded' or 'split', got {fluid!r}")
+    if fluid == "split":
+        if order != 1:
+            raise ValueError("fluid='split' is implemented for P1 only; use fluid='welded' for P2")
+        from .fluid_solid import assemble_split
+
+        K, M, layout = assemble_split(mesh, material, lumped=lumped)
+        return (K, M, layout) if return_basis else (K, M)
     if lumped and order != 1:
         raise ValueError("row-sum mass lumping is only valid for P1; P2 gives non-positive masses")
     from skfem import BilinearForm

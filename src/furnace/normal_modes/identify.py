@@ -113,9 +113,10 @@ def surface_displacement(mesh: TetMesh, u: np.ndarray, basis) -> tuple[np.ndarra
     u = np.asarray(u)
     if u.ndim != 1 or u.shape[0] != basis.N:
         raise ValueError(f"eigenvector must be a vector of length {basis.N}, got {u.shape}")
+    from .assembly import point_dofs
+
     nodes, _ = surface_weights(mesh)
-    dofs = basis.nodal_dofs.T[nodes]
-    return mesh.points[nodes], u[dofs]
+    return mesh.points[nodes], u[point_dofs(mesh, basis)[nodes]]
 
 
 @dataclass
@@ -225,18 +226,24 @@ def surface_fit(mesh: TetMesh, lmax: int = 8) -> tuple[np.ndarray, SurfaceFit]:
 
 
 def identify_mode(
-    mesh: TetMesh, u: np.ndarray, basis, lmax: int = 8, *, fit: SurfaceFit | None = None
+    mesh: TetMesh, u: np.ndarray, basis, lmax: int = 8, *, fit: SurfaceFit | None = None,
+    surface_dofs: np.ndarray | None = None,
 ) -> ModeId:
     """Identify the eigenvector u (dof layout of `basis`) on the surface of `mesh`.
 
-    Pass fit (from surface_fit(mesh)[1]) when identifying many vectors of one mesh.
+    Pass fit (from surface_fit(mesh)[1]) and surface_dofs (point_dofs(mesh, basis)[fit.nodes])
+    when identifying many vectors of one mesh.
     """
     u = np.asarray(u)
     if u.ndim != 1 or u.shape[0] != basis.N:
         raise ValueError(f"eigenvector must be a vector of length {basis.N}, got {u.shape}")
     if fit is None or fit.nodes is None:
         fit = surface_fit(mesh, lmax)[1]
-    return fit.identify(u[basis.nodal_dofs.T[fit.nodes]])
+    if surface_dofs is None:
+        from .assembly import point_dofs
+
+        surface_dofs = point_dofs(mesh, basis)[fit.nodes]
+    return fit.identify(u[surface_dofs])
 
 
 def group_multiplets(frequencies, rel_tol: float = 5e-3) -> list[np.ndarray]:
@@ -260,32 +267,60 @@ def group_multiplets(frequencies, rel_tol: float = 5e-3) -> list[np.ndarray]:
     return [order[g] for g in np.split(np.arange(fs.size), breaks)]
 
 
-def identify_multiplets(
-    mesh: TetMesh, frequencies, vectors: np.ndarray, basis, rel_tol: float = 5e-3, lmax: int = 8
-) -> list[dict]:
-    """Group frequencies and label each group by majority vote of its members.
+def kinetic_fraction(mass, vectors: np.ndarray, dofs: np.ndarray) -> np.ndarray:
+    """Share of each mode's kinetic energy u^T M u carried by `dofs` (e.g. the fluid core's).
 
-    vectors is [n_dofs, n_modes] (as returned by eigsh). Each entry has the member
-    indices, mean frequency, size, kind, l, and whether the size equals 2l+1.
+    Uses the diagonal of M (exact for a lumped mass, a close estimate for a consistent one).
+    """
+    diag = np.asarray(mass.diagonal(), dtype=float)
+    weighted = diag[:, None] * vectors**2
+    total = weighted.sum(axis=0)
+    return weighted[np.asarray(dofs).ravel()].sum(axis=0) / np.where(total > 0, total, 1.0)
+
+
+def identify_multiplets(
+    mesh: TetMesh, frequencies, vectors: np.ndarray, basis, rel_tol: float = 5e-3, lmax: int = 8,
+    *, core_fraction: np.ndarray | None = None, core_threshold: float = 0.5,
+) -> list[dict]:
+    """Label every mode from its surface displacement, then group equal labels into multiplets.
+
+    vectors is [n_dofs, n_modes] (as returned by eigsh). Modes whose `core_fraction` (share
+    of kinetic energy in the fluid core, see `kinetic_fraction`) exceeds `core_threshold`
+    are labelled kind "C", l = -1: their surface expression is too weak to name them, and
+    in the non-gravitating P1 fluid many of them are discretisation artefacts. Modes with the
+    same label whose sorted frequencies are closer than rel_tol form one multiplet. Each
+    entry has the member indices, mean frequency, size, kind, l, and whether the size equals
+    2l+1; entries are sorted by frequency.
     """
     f = np.asarray(frequencies, dtype=float)
     if vectors.shape[1] != f.size:
         raise ValueError(f"{vectors.shape[1]} vectors for {f.size} frequencies")
+    if core_fraction is not None and np.shape(core_fraction) != f.shape:
+        raise ValueError(f"core_fraction must have shape {f.shape}")
+    from .assembly import point_dofs
+
     _, fit = surface_fit(mesh, lmax)
+    dofs = point_dofs(mesh, basis)[fit.nodes]
+    ids = [identify_mode(mesh, vectors[:, i], basis, fit=fit, surface_dofs=dofs)
+           for i in range(f.size)]
+    labels = [("C", -1) if core_fraction is not None and core_fraction[i] > core_threshold
+              else (m.kind, m.l) for i, m in enumerate(ids)]
     out = []
-    for g in group_multiplets(f, rel_tol):
-        ids = [identify_mode(mesh, vectors[:, i], basis, fit=fit) for i in g]
-        labels = [(m.kind, m.l) for m in ids]
-        kind, l = max(set(labels), key=labels.count)
-        out.append(
-            {
-                "members": g,
-                "frequency": float(f[g].mean()),
-                "size": int(g.size),
-                "kind": kind,
-                "l": int(l),
-                "complete": bool(g.size == 2 * l + 1),
-                "ids": ids,
-            }
-        )
+    for label in sorted(set(labels)):
+        idx = np.array([i for i, lab in enumerate(labels) if lab == label])
+        for g in group_multiplets(f[idx], rel_tol):
+            members = idx[g]
+            kind, l = label
+            out.append(
+                {
+                    "members": members,
+                    "frequency": float(f[members].mean()),
+                    "size": int(members.size),
+                    "kind": kind,
+                    "l": int(l),
+                    "complete": bool(kind != "C" and members.size == 2 * l + 1),
+                    "ids": [ids[i] for i in members],
+                }
+            )
+    out.sort(key=lambda m: m["frequency"])
     return out
