@@ -11,7 +11,8 @@ from furnace.runtime.reproduce import discover
 
 
 def test_registered():
-    assert [e.name for e in discover("eigen")] == ["lamb", "vs_arpack"]
+    assert [e.name for e in discover("eigen")] == ["lamb", "vs_arpack", "mars", "scaling",
+                                                   "sc18_model"]
 
 
 def test_multiplet_errors_assign_in_order():

@@ -82,3 +82,25 @@ def test_damping_factors():
 def test_find_polynomial_errors(a, b, lmin, lmax, match):
     with pytest.raises(ValueError, match=match):
         find_polynomial(a, b, lmin, lmax)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_fused_chebyshev_steps_equal_the_plain_recurrence(threads):
+    import scipy.sparse as sp
+
+    from furnace.eigen import Counters, ScaledOperator
+
+    rng = np.random.default_rng(5)
+    A = sp.random(300, 300, density=0.03, random_state=6, format="csr")
+    A = (A + A.T + sp.identity(300) * 3).tocsr()
+    op = ScaledOperator(A, rng.uniform(0.5, 1.5, 300), Counters(), "a_matvecs",
+                        threads=threads, thread_min_nnz=0)
+    assert op.supports_chebyshev_step
+    lmax = float(np.abs(op @ np.eye(300)).sum(axis=0).max())
+    poly = find_polynomial(0.5, 1.5, -lmax, lmax)
+    op.counters.a_matvecs = 0
+    v = rng.standard_normal(300)
+    fused = poly.apply(op, v)
+    plain = poly.apply(lambda x: op @ x, v)
+    np.testing.assert_allclose(fused, plain, rtol=1e-12, atol=1e-12 * np.abs(plain).max())
+    assert op.counters.a_matvecs == 2 * poly.degree

@@ -65,3 +65,24 @@ def test_chebyshev_mass_solve_errors():
         ChebyshevMassSolve(None, 2.0, 1.0, 25, Counters())
     with pytest.raises(ValueError, match="degree"):
         ChebyshevMassSolve(None, 0.5, 2.5, 0, Counters())
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threaded_spmv_equals_plain(threads):
+    import scipy.sparse as sp
+
+    from furnace.eigen.operators import Counters, ScaledOperator
+
+    rng = np.random.default_rng(3)
+    A = sp.random(200, 200, density=0.05, random_state=4, format="csr")
+    A = (A + A.T).tocsr()
+    d = rng.uniform(0.5, 2.0, 200)
+    plain = ScaledOperator(A, d, Counters(), "a_matvecs")
+    counters = Counters()
+    threaded = ScaledOperator(A, d, counters, "a_matvecs", threads=threads, thread_min_nnz=0)
+    assert len(threaded._blocks) == threads
+    for x in (rng.standard_normal(200), rng.standard_normal((200, 3))):
+        np.testing.assert_allclose(threaded @ x, plain @ x, rtol=1e-14, atol=1e-14)
+    assert counters.a_matvecs == 4
+    with pytest.raises(ValueError, match="threads"):
+        ScaledOperator(A, d, Counters(), "a_matvecs", threads=0)

@@ -51,13 +51,20 @@ def test_eigsh_interval_3d_consistent(pencil_3d):
 
 
 @pytest.mark.timeout(120)
-def test_eigsh_interval_3d_matches_naive(pencil_3d):
+def test_eigsh_interval_3d_matches_naive(pencil_3d, monkeypatch):
     A, M, values = pencil_3d
     a, b = gap_interval(values, 60, 12)
     naive = naive_eigsh_interval(A, M, a, b)
     np.testing.assert_allclose(naive.eigenvalues, values[60:72], rtol=1e-11)
     result = eigsh_interval(A, M, a, b, config=SolverConfig(a=a, b=b, damping="jackson"))
     _check_pairs(result, A, M, naive.eigenvalues)
+    # threaded SpMV changes nothing: threads write disjoint rows
+    import furnace.eigen.operators
+
+    monkeypatch.setattr(furnace.eigen.operators, "THREADED_SPMV_MIN_NNZ", 0)
+    threaded = eigsh_interval(A, M, a, b, config=SolverConfig(a=a, b=b, damping="jackson",
+                                                               threads=2))
+    np.testing.assert_array_equal(threaded.eigenvalues, result.eigenvalues)
     # eigenvectors agree with the dense ones up to sign
     overlap = np.abs(np.sum(result.eigenvectors * (M @ naive.eigenvectors), axis=0))
     np.testing.assert_allclose(overlap, 1.0, atol=1e-8)

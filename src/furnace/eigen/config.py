@@ -39,6 +39,9 @@ class SolverConfig:
         check_every: steps between convergence tests.
         min_steps: first step at which convergence is tested.
         bound_steps: Lanczos steps used to estimate spectral bounds.
+        threads: threads for the sparse matrix-vector products of one process (row blocks
+            multiplied concurrently; 1 = plain SciPy). MPI runs split rows over ranks
+            instead.
     """
 
     a: float
@@ -57,6 +60,7 @@ class SolverConfig:
     check_every: int = 20
     min_steps: int = 30
     bound_steps: int = 100
+    threads: int = 1
 
     def __post_init__(self) -> None:
         if not (self.a < self.b):
@@ -77,5 +81,7 @@ class SolverConfig:
                 )
         if self.max_degree < 2:
             raise ValueError(f"max_degree must be >= 2, got {self.max_degree}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.check_every < 1 or self.min_steps < 1 or self.bound_steps < 2:
             raise ValueError("check_every, min_steps must be >= 1 and bound_steps >= 2")

@@ -110,8 +110,10 @@ def filtered_lanczos(
     max_steps = min(max_steps, space.size)
     before = dataclasses.replace(pencil.counters)
 
+    operator = pencil.filter_operator()
+
     def filtered(z: np.ndarray) -> np.ndarray:
-        return poly.apply(pencil.apply_a_minv, z, counters)
+        return poly.apply(operator, z, counters)
 
     rng = np.random.default_rng(config.seed)
     z = filtered(pencil.mass @ space.restrict(rng.standard_normal(space.size)))

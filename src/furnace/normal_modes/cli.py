@@ -37,6 +37,8 @@ def add_parser(subparsers) -> None:
     modes.add_argument("--plot", metavar="DIR",
                        help="write one PNG per multiplet (surface map + meridional section)")
     modes.add_argument("--vtu", metavar="FILE", help="write all modes to a VTU for ParaView")
+    modes.add_argument("--json", metavar="FILE",
+                       help="write frequencies, multiplets, counters and times here")
     modes.set_defaults(func=_modes)
 
 
@@ -75,6 +77,8 @@ def _modes(args: argparse.Namespace) -> int:
     console.print(f"filter degree {c.filter_degree}, Lanczos steps {c.lanczos_steps}, "
                   f"A matvecs {c.a_matvecs}; times " + ", ".join(
                       f"{k} {v:.1f} s" for k, v in res.seconds.items()))
+    if args.json:
+        _write_json(res, args, comm)
     if args.plot:
         paths = _write_plots(res, args.plot)
         console.print(f"wrote {len(paths)} mode figures to {args.plot}")
@@ -89,6 +93,23 @@ def _modes(args: argparse.Namespace) -> int:
                          labels=labels)
         console.print(f"wrote {res.frequencies_mhz.size} modes to {path}")
     return 0
+
+
+def _write_json(res, args, comm) -> None:
+    import json
+    from dataclasses import asdict
+
+    with open(args.json, "w") as f:
+        json.dump({
+            "planet": res.planet, "unknowns": res.unknowns,
+            "ranks": 1 if comm is None else comm.Get_size(), "mode": args.mode,
+            "frequencies_mhz": res.frequencies_mhz.tolist(),
+            "multiplets": [{"kind": m["kind"], "l": m["l"], "size": m["size"],
+                            "frequency_mhz": m["frequency"], "complete": m["complete"],
+                            "members": [int(j) for j in m["members"]]}
+                           for m in res.multiplets],
+            "counters": asdict(res.counters), "seconds": res.seconds,
+        }, f, indent=2)
 
 
 def _mpi_world():

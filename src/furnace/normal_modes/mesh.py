@@ -214,6 +214,7 @@ def ball_mesh(
     if order == 2:
         tets = tets[:, _GMSH_TET10_TO_VTK]
     tets = _orient_positive(coords, tets)
+    coords, tets = _bandwidth_order(coords, tets)
     return TetMesh(
         points=np.ascontiguousarray(coords, dtype=float),
         tets=np.ascontiguousarray(tets),
@@ -222,6 +223,27 @@ def ball_mesh(
         order=order,
         mesh_size=float(mesh_size),
     )
+
+
+def _bandwidth_order(points: np.ndarray, tets: np.ndarray):
+    """Renumber the nodes by reverse Cuthill-McKee on the tets' node graph.
+
+    gmsh's node numbers are nearly random in space, so a sparse matrix-vector product
+    gathers its inputs from all over memory; a banded numbering keeps them in cache.
+    Every SpMV-bound solver in the package (the filtered Lanczos above all) runs faster for
+    it, and the result is still deterministic.
+    """
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+
+    n, k = len(points), tets.shape[1]
+    rows = np.repeat(tets, k, axis=1).ravel()
+    cols = np.tile(tets, (1, k)).ravel()
+    graph = sp.csr_matrix((np.ones(rows.size, dtype=np.int8), (rows, cols)), shape=(n, n))
+    order = reverse_cuthill_mckee(graph, symmetric_mode=True)
+    new_index = np.empty(n, dtype=np.int64)
+    new_index[order] = np.arange(n)
+    return points[order], new_index[tets]
 
 
 def _match_shell(volume: float, radii: tuple[float, ...]) -> int:
