@@ -15,7 +15,7 @@ pytest.importorskip("gmsh")
 pytest.importorskip("skfem")
 pytest.importorskip("mpi4py")
 
-ARGS = ["modes", "--planet", "mars", "--fmin", "0.45", "--fmax", "0.8", "--mesh-size", "0.3"]
+ARGS = ["modes", "--planet", "mars", "--fmin", "0.45", "--fmax", "0.8", "--mesh-size", "0.25"]
 
 
 def _mpiexec() -> str:

@@ -38,6 +38,8 @@ def add_parser(subparsers) -> None:
     solve.add_argument("--group-size", type=int, default=None,
                        help="ranks per group for --mode groups")
     solve.add_argument("--tol", type=float, default=1e-10)
+    solve.add_argument("--threads", type=int, default=1,
+                       help="threads for the sparse products of each process (default 1)")
     solve.add_argument("--json", help="write eigenvalues, residuals and counters here")
     solve.set_defaults(func=_solve)
 
@@ -64,7 +66,7 @@ def _solve(args: argparse.Namespace) -> int:
         layout = ParallelLayout(args.mode, size, args.group_size)
         A, M = load_pencil(args.matrix, args.mass)
         config = SolverConfig(a=a, b=b, mass="lumped" if args.lumped else "consistent",
-                              tol=args.tol)
+                              tol=args.tol, threads=args.threads)
     except (OSError, ValueError) as exc:
         if rank == 0:
             print(f"furnace eigen solve: {exc}", file=sys.stderr)
@@ -88,8 +90,13 @@ def _solve(args: argparse.Namespace) -> int:
         rank_counters = comm.gather(asdict(result.counters))
     else:
         # one rank: every mode is the serial solver
+        from rich.console import Console
+
         start = time.perf_counter()
-        result = eigsh_interval(A, M, a, b, config=config, slices=args.slices or 1)
+        # the spinner goes to stderr, so that stdout stays the plain list of eigenvalues
+        with Console(stderr=True).status("filtered Lanczos ...") as status:
+            result = eigsh_interval(A, M, a, b, config=config, slices=args.slices or 1,
+                                    progress=lambda text: status.update(text))
         seconds = time.perf_counter() - start
         rank_counters = [asdict(result.counters)]
     if rank != 0:

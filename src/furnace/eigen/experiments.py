@@ -169,6 +169,32 @@ def run_lobpcg(K, M, a: float, b: float, k: int, rigid, max_iterations: int) -> 
             "max_residual": float(residual[inside].max()) if inside.any() else float("nan")}
 
 
+# the 2-rank row-partitioned run costs a Matrix Market round trip; only worth it when big
+MPI_MIN_UNKNOWNS = 10_000
+
+
+def _filtered_on_two_ranks(mpiexec: str, K, M, work_dir) -> dict:
+    """`mpiexec -n 2 furnace eigen solve --mode rows` on the pencil; its JSON (with the
+    solver's own wall time in "seconds" and the eigenvalues as an array)."""
+    import scipy.io
+
+    from .scaling import cli_modes, run_cli
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    a_path, m_path = work_dir / "K.mtx", work_dir / "M.mtx"
+    try:
+        scipy.io.mmwrite(a_path, K)
+        scipy.io.mmwrite(m_path, M)
+        data = run_cli(mpiexec, 2, a_path, m_path, mode="rows", slices=1,
+                       json_path=work_dir / "rows.json", modes=cli_modes())
+    finally:
+        for path in work_dir.iterdir():
+            path.unlink()
+        work_dir.rmdir()
+    data["eigenvalues"] = np.asarray(data["eigenvalues"])
+    return data
+
+
 def vs_arpack(ctx: RunContext) -> Result:
     import os
 
@@ -178,6 +204,9 @@ def vs_arpack(ctx: RunContext) -> Result:
     lobpcg_iterations = 100 if ctx.quick else 300
     # SuperLU's dense kernels use the BLAS threads; the filter's SpMV gets the same cores
     threads = max(1, min(2, os.cpu_count() or 1))
+    from .scaling import find_mpiexec
+
+    mpiexec = find_mpiexec() if threads > 1 else None
     a, b = INTERVAL
     rows, crossover, memory_crossover, last = [], None, None, None
     for h in sizes:
@@ -189,6 +218,10 @@ def vs_arpack(ctx: RunContext) -> Result:
         ctx.progress(f"h={h}, n={n}: filtered Lanczos, {threads} threads")
         filt = measure_in_subprocess(run_filtered, K, M, a, b, threads)
         count = filt.result["eigenvalues"].size
+        mpi = None
+        if n >= MPI_MIN_UNKNOWNS and mpiexec is not None:
+            ctx.progress(f"h={h}, n={n}: filtered Lanczos, 2 MPI ranks (rows)")
+            mpi = _filtered_on_two_ranks(mpiexec, K, M, ctx.out_dir / f"vs_arpack_{n}")
         ctx.progress(f"h={h}, n={n}: ARPACK shift-invert")
         arp = measure_in_subprocess(run_arpack_shift_invert, K, M, a, b, count + 12)
         ctx.progress(f"h={h}, n={n}: LOBPCG")
@@ -206,7 +239,8 @@ def vs_arpack(ctx: RunContext) -> Result:
         def same(vals, rtol=1e-8, ref=ref):
             return vals.size == ref.size and bool(np.allclose(vals, ref, rtol=rtol))
 
-        speedup = arp.seconds / min(filt.seconds, filt1.seconds)
+        best = min(filt.seconds, filt1.seconds, mpi["seconds"] if mpi else np.inf)
+        speedup = arp.seconds / best
         memory_ratio = filt.peak_bytes / max(arp.peak_bytes, 1)
         if crossover is None and speedup > 1:
             crossover = n
@@ -220,7 +254,9 @@ def vs_arpack(ctx: RunContext) -> Result:
                 "" if same(lob.result["eigenvalues"], 1e-6) else ", not converged")
             lob_seconds, lob_peak = lob.seconds, lob.peak_bytes / 2**20
         rows.append([h, n, count, "yes" if same(arp.result["eigenvalues"]) else "NO",
-                     filt1.seconds, filt.seconds, arp.seconds, lob_seconds, lob_note, speedup,
+                     filt1.seconds, filt.seconds, mpi["seconds"] if mpi else None,
+                     ("yes" if same(mpi["eigenvalues"]) else "NO") if mpi else "-",
+                     arp.seconds, lob_seconds, lob_note, speedup,
                      filt.peak_bytes / 2**20, arp.peak_bytes / 2**20, lob_peak,
                      c["filter_degree"], c["filtered_matvecs"], c["a_matvecs"],
                      arp.result["solves"], arp.result["factor_nnz"] / n])
@@ -231,6 +267,7 @@ def vs_arpack(ctx: RunContext) -> Result:
                       "same pencil, side by side",
                       columns=["h", "unknowns", "eigenpairs", "ARPACK same eigenvalues",
                                "filtered s, 1 thread", f"filtered s, {threads} threads",
+                               "filtered s, 2 MPI ranks (rows)", "MPI same eigenvalues",
                                "ARPACK s", "LOBPCG s", "LOBPCG", "speedup vs ARPACK",
                                "filtered peak MiB", "ARPACK peak MiB", "LOBPCG peak MiB",
                                "filter degree", "filtered matvecs",
@@ -239,9 +276,11 @@ def vs_arpack(ctx: RunContext) -> Result:
                       note="Each solver runs in its own child process; peak MiB is the "
                       "resident memory the solve added at its peak (Linux VmHWM after a "
                       f"reset, so it counts SuperLU's factor). Speedup: ARPACK over the "
-                      f"faster filtered run, 1 or {threads} SpMV threads (ARPACK's SuperLU "
-                      "uses the BLAS threads; threads only split matrices of 250k nonzeros or "
-                      "more). 'Same eigenvalues': same "
+                      f"fastest filtered run on this machine's cores: 1 process, {threads} "
+                      "SpMV threads (only for matrices of 250k nonzeros or more), or "
+                      "`mpiexec -n 2 furnace eigen solve --mode rows` (solver wall time, "
+                      f"run for n >= {MPI_MIN_UNKNOWNS}); ARPACK's SuperLU uses the BLAS "
+                      "threads. 'Same eigenvalues': same "
                       "count in [a, b] and equal to 1e-8 relative (1e-6 for LOBPCG). LOBPCG is "
                       f"Jacobi-preconditioned, capped at {lobpcg_iterations} iterations and at "
                       "ARPACK's time (at least 60 s), with the 6 rigid motions as "
@@ -249,8 +288,8 @@ def vs_arpack(ctx: RunContext) -> Result:
                       "installed (no PyPI wheel). Wall times on this shared 2-core machine, "
                       "one run each.")],
         claims=[Claim(what=f"speedup over ARPACK shift-invert at {last['n']} unknowns",
-                      paper=f">= 3x at about 80k unknowns (issue target; ours with {threads} "
-                      "SpMV threads)",
+                      paper=">= 3x at about 80k unknowns (issue target; ours: fastest "
+                      "filtered run on this machine's 2 cores)",
                       ours=f"{last['speedup']:.2f}x", kind="measured",
                       holds=(last["speedup"] >= 3.0) if big else None),
                 Claim(what=f"peak memory, filtered / ARPACK, at {last['n']} unknowns",

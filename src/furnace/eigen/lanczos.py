@@ -87,6 +87,7 @@ def filtered_lanczos(
     config,
     *,
     accept_interval: tuple[float, float, bool] | None = None,
+    progress=None,
 ) -> LanczosResult:
     """Eigenpairs of the scaled pencil in [a, b] by Lanczos on p(M~^-1 A~).
 
@@ -159,6 +160,8 @@ def filtered_lanczos(
         alphas.append(alpha)
         num = j + 1
         counters.lanczos_steps = num
+        if progress is not None:
+            progress(num)
         v_new = pencil.mass.solve(z_new)
         beta = float(np.sqrt(max(space.dot(v_new, z_new), 0.0)))
         invariant = beta <= 1e-13 * max(abs(alpha), 1.0)

@@ -140,7 +140,8 @@ class ScaledOperator:
                 cuts[0], cuts[-1] = 0, d.size
                 self._blocks = [(int(lo), int(hi), self._scaled[lo:hi])
                                 for lo, hi in zip(cuts[:-1], cuts[1:]) if hi > lo]
-                self._pool = ThreadPoolExecutor(len(self._blocks))
+                # the calling thread takes the first block itself: one hand-off fewer
+                self._pool = ThreadPoolExecutor(len(self._blocks) - 1)
         else:
             # a LinearOperator cannot be scaled in place; apply the scaling around it
             self._scaled = None
@@ -155,12 +156,10 @@ class ScaledOperator:
         if self._blocks is not None:
             out = np.empty(x.shape, dtype=np.result_type(self._scaled.dtype, x.dtype))
 
-            def block(item):
-                lo, hi, rows = item
+            def block(lo, hi, rows):
                 out[lo:hi] = rows @ x
 
-            for _ in self._pool.map(block, self._blocks):
-                pass
+            self._run_blocks(block)
             return out
         if self._scaled is not None:
             return self._scaled @ x
@@ -193,9 +192,15 @@ class ScaledOperator:
         if self._blocks is None:
             block(0, cur.shape[0], self._scaled)
         else:
-            for _ in self._pool.map(lambda item: block(*item), self._blocks):
-                pass
+            self._run_blocks(block)
         return nxt
+
+    def _run_blocks(self, fn) -> None:
+        """fn(lo, hi, rows) for every row block, the first one in the calling thread."""
+        pending = [self._pool.submit(fn, *item) for item in self._blocks[1:]]
+        fn(*self._blocks[0])
+        for future in pending:
+            future.result()
 
     def counters_add(self, columns: int) -> None:
         setattr(self.counters, self.field_name,

@@ -92,6 +92,7 @@ def eigsh_interval(
     dos_degree: int = 100,
     dos_vectors: int = 30,
     slice_indices=None,
+    progress=None,
 ) -> EigenResult:
     """All eigenpairs of A x = lambda M x with lambda in [a, b].
 
@@ -104,6 +105,8 @@ def eigsh_interval(
         dos_degree, dos_vectors: KPM degree and probe count, used when slices > 1.
         slice_indices: solve only these slices (the others are skipped); the slicing is
             deterministic, so ranks that split the slices among themselves agree on them.
+        progress: optional callable(text), told the slice, filter degree and Lanczos step
+            after every step (for a progress display of long solves).
     Returns:
         `EigenResult` with eigenvalues ascending and M-orthonormal eigenvectors.
     Raises:
@@ -119,7 +122,8 @@ def eigsh_interval(
         values, vectors, residuals, infos = _no_pairs(pencil.n)
     else:
         chosen = range(slices) if slice_indices is None else sorted(set(slice_indices))
-        values, vectors, residuals, infos = _solve_slices(pencil, config, bounds, chosen)
+        values, vectors, residuals, infos = _solve_slices(pencil, config, bounds, chosen,
+                                                          progress)
         order = np.argsort(values, kind="stable")
         values, vectors, residuals = _merge_duplicates(
             values[order], vectors[:, order], residuals[order], pencil.mass
@@ -155,7 +159,8 @@ def _slice_bounds(pencil: ScaledPencil, config: SolverConfig, slices: int, dos_d
     return bounds
 
 
-def _solve_slices(pencil: ScaledPencil, config: SolverConfig, bounds: np.ndarray, chosen):
+def _solve_slices(pencil: ScaledPencil, config: SolverConfig, bounds: np.ndarray, chosen,
+                  progress=None):
     """One filter and one filtered Lanczos run for each slice index in `chosen`.
 
     Returns:
@@ -180,7 +185,11 @@ def _solve_slices(pencil: ScaledPencil, config: SolverConfig, bounds: np.ndarray
             damping=config.damping,
             max_degree=config.max_degree,
         )
-        run = filtered_lanczos(pencil, poly, config, accept_interval=(lo, hi, i == slices - 1))
+        report = None if progress is None else (
+            lambda step, i=i, degree=poly.degree: progress(
+                f"slice {i + 1}/{slices}, filter degree {degree}, Lanczos step {step}"))
+        run = filtered_lanczos(pencil, poly, config, accept_interval=(lo, hi, i == slices - 1),
+                               progress=report)
         values.append(run.eigenvalues)
         vectors.append(run.eigenvectors)
         residuals.append(run.residuals)

@@ -13,12 +13,13 @@ from __future__ import annotations
 import importlib
 
 _SUBMODULES = (
-    "assembly", "export", "fluid_solid", "identify", "lamb", "mesh", "models", "plots",
-    "radial", "solve",
+    "assembly", "config", "export", "fluid_solid", "identify", "lamb", "mesh", "models",
+    "naive", "plots", "radial", "solve",
 )
 # the public API: name -> submodule that defines it
 _NAMES = {
-    "ModesResult": "solve", "compute_modes": "solve",
+    "ModesResult": "solve", "compute_modes": "solve", "ModesConfig": "config",
+    "naive_split_assembly": "naive", "naive_modes": "naive",
     "TetMesh": "mesh", "ball_mesh": "mesh",
     "assemble": "assembly", "homogeneous": "assembly", "frequencies_mhz": "assembly",
     "SplitDofs": "fluid_solid", "assemble_split": "fluid_solid",

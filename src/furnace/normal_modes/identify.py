@@ -290,7 +290,8 @@ def identify_multiplets(
     in the non-gravitating P1 fluid many of them are discretisation artefacts. Modes with the
     same label whose sorted frequencies are closer than rel_tol form one multiplet. Each
     entry has the member indices, mean frequency, size, kind, l, and whether the size equals
-    2l+1; entries are sorted by frequency.
+    2l+1; entries are sorted by frequency. On meshes too coarse for harmonics up to lmax,
+    lmax is lowered to what the surface points can fit.
     """
     f = np.asarray(frequencies, dtype=float)
     if vectors.shape[1] != f.size:
@@ -299,6 +300,10 @@ def identify_multiplets(
         raise ValueError(f"core_fraction must have shape {f.shape}")
     from .assembly import point_dofs
 
+    # a coarse mesh cannot carry harmonics up to lmax: fit what its surface points can
+    surface_points = surface_weights(mesh)[0].size
+    while lmax > 1 and 3 * surface_points < 2 * (3 * (lmax + 1) ** 2 - 2):
+        lmax -= 1
     _, fit = surface_fit(mesh, lmax)
     dofs = point_dofs(mesh, basis)[fit.nodes]
     ids = [identify_mode(mesh, vectors[:, i], basis, fit=fit, surface_dofs=dofs)

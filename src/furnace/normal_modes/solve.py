@@ -71,17 +71,15 @@ def compute_modes(planet: str, fmin_mhz: float, fmax_mhz: float, *, mesh_size: f
     from furnace.eigen import SolverConfig, eigsh_interval
 
     from .assembly import assemble
+    from .config import ModesConfig
     from .identify import identify_multiplets, kinetic_fraction
     from .mesh import ball_mesh
     from .models import from_mhz, homogeneous_ball, load_planet, to_mhz
 
-    if not 0 < fmin_mhz < fmax_mhz:
-        raise ValueError(f"need 0 < fmin < fmax, got [{fmin_mhz}, {fmax_mhz}] mHz "
-                         "(the interval must start above the zero modes)")
-    if order not in (1, 2):
-        raise ValueError(f"order must be 1 or 2, got {order}")
-    lumped = (order == 1) if lumped is None else lumped
-    fluid = ("split" if order == 1 else "welded") if fluid is None else fluid
+    cfg = ModesConfig(planet=planet, fmin_mhz=fmin_mhz, fmax_mhz=fmax_mhz,
+                      mesh_size=mesh_size, order=order, lumped=lumped, fluid=fluid,
+                      slices=slices)
+    lumped, fluid = cfg.lumped, cfg.fluid
     say = progress or (lambda text: None)
     model = homogeneous_ball() if planet == "ball" else load_planet(planet, data_dir)
     radius = model.surface_radius
@@ -106,7 +104,8 @@ def compute_modes(planet: str, fmin_mhz: float, fmax_mhz: float, *, mesh_size: f
         res = eigsh_interval_mpi(K, M, a, b, comm=comm, config=config, slices=slices,
                                  mode=mode, group_size=group_size)
     else:
-        res = eigsh_interval(K, M, a, b, config=config, slices=slices)
+        res = eigsh_interval(K, M, a, b, config=config, slices=slices, progress=lambda text:
+                             say(f"filtered Lanczos on {K.shape[0]} unknowns: {text}"))
     seconds["solve"] = time.perf_counter() - t0
     freqs = np.asarray(to_mhz(res.eigenvalues))
     multiplets = []

@@ -167,7 +167,13 @@ def missing_reason(system: str) -> str:
     """Why a system has no experiments: not built at all, or built without experiments yet."""
     if importlib.util.find_spec(f"furnace.{system}") is None:
         return "not built yet"
-    return "no experiments registered yet"
+    try:
+        module = importlib.import_module(f"furnace.{system}.experiments")
+    except ModuleNotFoundError:
+        return "no experiments registered yet"
+    owner = getattr(module, "REPORTED_UNDER", None)
+    return f"its experiments are reported under {owner}" if owner else \
+        "no experiments registered yet"
 
 
 def select(systems: Sequence[str], quick: bool) -> tuple[list[Experiment], list[str]]:
@@ -175,7 +181,7 @@ def select(systems: Sequence[str], quick: bool) -> tuple[list[Experiment], list[
     chosen, missing = [], []
     for system in systems or SYSTEM_NAMES:
         found = discover(system)
-        if found is None:
+        if not found:  # not built, or built with nothing registered under its own name
             missing.append(system)
             continue
         chosen.extend(e for e in found if e.quick or not quick)

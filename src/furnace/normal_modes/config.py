@@ -1,0 +1,63 @@
+"""Settings of one normal-mode computation (NormalModes' ``global_conf``, as a dataclass).
+
+NormalModes (Shi et al., SC'18) reads the planet, the frequency band ``lowfreq``/``upfreq``
+in mHz and ``pOrder`` from a config file; this is the same, validated, with this package's
+choices (mesh size, mass lumping, fluid-core form, slices) beside them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PLANETS = ("ball", "mars", "prem", "moon")
+FLUID_FORMS = ("split", "welded")
+
+
+@dataclass(kw_only=True)
+class ModesConfig:
+    """What `compute_modes` computes.
+
+    Args:
+        planet: "ball" (CONST), "mars" (DWAK), "prem" or "moon".
+        fmin_mhz, fmax_mhz: the band; fmin > 0 keeps the zero modes (rigid motions and
+            divergence-free fluid motions) out.
+        mesh_size: target edge length relative to the planet's radius.
+        order: 1 (P1) or 2 (P2).
+        lumped: row-sum lumped mass; None means True for P1, False for P2 (P2 row sums are
+            not positive).
+        fluid: "split" or "welded" fluid core; None means split for P1, welded for P2.
+        slices: spectrum slices of the filtered Lanczos solver.
+    """
+
+    planet: str = "ball"
+    fmin_mhz: float
+    fmax_mhz: float
+    mesh_size: float = 0.15
+    order: int = 1
+    lumped: bool | None = None
+    fluid: str | None = None
+    slices: int = 1
+
+    def __post_init__(self) -> None:
+        if self.planet not in PLANETS:
+            raise ValueError(f"unknown planet {self.planet!r}; choose from {', '.join(PLANETS)}")
+        if not 0 < self.fmin_mhz < self.fmax_mhz:
+            raise ValueError(f"need 0 < fmin < fmax, got [{self.fmin_mhz}, {self.fmax_mhz}] mHz "
+                             "(the interval must start above the zero modes)")
+        if self.order not in (1, 2):
+            raise ValueError(f"order must be 1 or 2, got {self.order}")
+        if not 0 < self.mesh_size <= 1:
+            raise ValueError(f"mesh_size is relative to the radius: need 0 < h <= 1, got "
+                             f"{self.mesh_size}")
+        if self.lumped is None:
+            self.lumped = self.order == 1
+        if self.lumped and self.order == 2:
+            raise ValueError("row-sum lumping is only valid for P1; P2 needs consistent mass")
+        if self.fluid is None:
+            self.fluid = "split" if self.order == 1 else "welded"
+        if self.fluid not in FLUID_FORMS:
+            raise ValueError(f"fluid must be one of {FLUID_FORMS}, got {self.fluid!r}")
+        if self.fluid == "split" and self.order != 1:
+            raise ValueError("the split-node fluid form is implemented for P1 only")
+        if self.slices < 1:
+            raise ValueError(f"slices must be >= 1, got {self.slices}")
