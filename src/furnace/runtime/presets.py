@@ -3,12 +3,21 @@
 Each preset cites where its figures come from. Figures that no source we hold gives
 (usually latencies, and the Sunway injection bandwidth) are marked "assumed" in the
 preset's ``source`` and are parameters of the factory, so an experiment can sweep them.
+
+The ``*_dsa`` profiles at the end are peak rates of accelerators for the emulated-types
+time model (`furnace.emulation.dsa`, after Ape, ICS '22), labelled datasheet, invented or
+measured.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
 
 from .topology import Device, Link, Topology
 
@@ -233,4 +242,196 @@ def get_preset(name: str, **overrides) -> Topology:
         factory = PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown topology preset {name!r}; known: {sorted(PRESETS)}") from None
+    return factory(**overrides)
+
+
+# --- DSA throughput profiles for the emulated-types model (furnace.emulation.dsa) ---------
+
+
+@dataclass(frozen=True)
+class DSAProfile:
+    """Peak rates of one accelerator, for the op-count time model of emulated types.
+
+    ``matrix_peak_ops`` maps each format the matrix unit accepts ("bf16", "fp16", "tf32",
+    "int8") to its dense peak in ops/s (2 per multiply-add); a format that is absent is not
+    native and `furnace.emulation.dsa.DSA` refuses it. ``vector_fp32_flops`` is the FP32
+    vector (CUDA-core) rate, ``native_gemm_flops`` the rates of native "fp32"/"fp64" GEMM,
+    against which an emulated GEMM is compared. ``None`` marks a figure no source we hold
+    gives; the time model refuses to use it rather than guess. Ape's design note
+    (`emulated_types.md` sections 6.1 and 7) lists the figures.
+    """
+
+    name: str
+    device: str
+    matrix_peak_ops: dict[str, float]
+    vector_fp32_flops: float | None
+    native_gemm_flops: dict[str, float]
+    memory_bandwidth_Bps: float | None
+    label: str
+    source: str
+
+    @property
+    def matrix_formats(self) -> frozenset[str]:
+        return frozenset(self.matrix_peak_ops)
+
+
+def a100_dsa() -> DSAProfile:
+    """NVIDIA A100 SXM: fp16/bf16 312, tf32 156, int8 624 TOPS; fp32 19.5, fp64 TC 19.5."""
+    return DSAProfile(
+        name="a100",
+        device="NVIDIA A100 SXM",
+        matrix_peak_ops={
+            "fp16": 312 * TFLOPS,
+            "bf16": 312 * TFLOPS,
+            "tf32": 156 * TFLOPS,
+            "int8": 624 * TFLOPS,
+        },
+        vector_fp32_flops=19.5 * TFLOPS,
+        # fp64 GEMM runs on the fp64 tensor cores (19.5); fp64 vector is 9.7
+        native_gemm_flops={"fp32": 19.5 * TFLOPS, "fp64": 19.5 * TFLOPS},
+        memory_bandwidth_Bps=2.0e12,
+        label="datasheet peak",
+        source="NVIDIA A100 datasheet, dense (no sparsity), via emulated_types.md 6.1 and 7; "
+        "HBM2e 2.0 TB/s (80 GB part)",
+    )
+
+
+def _hopper_dsa(name: str, memory_bw: float) -> DSAProfile:
+    return DSAProfile(
+        name=name,
+        device=f"NVIDIA {name.upper()} SXM",
+        matrix_peak_ops={
+            "fp16": 989 * TFLOPS,
+            "bf16": 989 * TFLOPS,
+            "tf32": 495 * TFLOPS,
+            "int8": 1979 * TFLOPS,
+        },
+        vector_fp32_flops=67 * TFLOPS,
+        native_gemm_flops={"fp32": 67 * TFLOPS, "fp64": 67 * TFLOPS},
+        memory_bandwidth_Bps=memory_bw,
+        label="datasheet peak",
+        source="NVIDIA H100/H200 SXM datasheets, dense (no sparsity), via emulated_types.md "
+        "6.1, 6.10 and 7; H200 has H100's compute and faster HBM3e",
+    )
+
+
+def h100_dsa() -> DSAProfile:
+    """NVIDIA H100 SXM: bf16/fp16 989, tf32 495, int8 1979 TOPS; fp32 and fp64 TC 67; 3.35 TB/s."""
+    return _hopper_dsa("h100", 3.35e12)
+
+
+def h200_dsa() -> DSAProfile:
+    """NVIDIA H200 SXM: H100's compute with 4.8 TB/s of HBM3e."""
+    return _hopper_dsa("h200", 4.8e12)
+
+
+def ascend910_dsa(
+    *,
+    vector_fp32_flops: float | None = None,
+    memory_bandwidth_Bps: float | None = None,
+) -> DSAProfile:
+    """Huawei Ascend 910 cube unit: fp16 256 TFLOP/s, int8 512 TOPS; no bf16, no tf32.
+
+    The design note (section 7) gives no FP32 vector rate and no memory bandwidth, so both
+    are left out (None) unless the caller supplies them, and the source then says they are
+    assumed. Without them the time model refuses vector ops and memory traffic.
+    """
+    assumed = [
+        what
+        for what, value in (("fp32 vector", vector_fp32_flops), ("bandwidth", memory_bandwidth_Bps))
+        if value is not None
+    ]
+    return DSAProfile(
+        name="ascend910",
+        device="Huawei Ascend 910",
+        matrix_peak_ops={"fp16": 256 * TFLOPS, "int8": 512 * TFLOPS},
+        vector_fp32_flops=vector_fp32_flops,
+        native_gemm_flops={},
+        memory_bandwidth_Bps=memory_bandwidth_Bps,
+        label="datasheet peak",
+        source="Ascend 910 cube peaks via emulated_types.md 6.1 and 7; no fp32 vector or "
+        "bandwidth figure published there"
+        + (f"; {' and '.join(assumed)} assumed by the caller" if assumed else ""),
+    )
+
+
+def toy_dsa() -> DSAProfile:
+    """A made-up accelerator with round numbers, for tests and worked examples."""
+    return DSAProfile(
+        name="toy",
+        device="toy DSA (invented)",
+        matrix_peak_ops={"fp16": 128 * TFLOPS, "bf16": 128 * TFLOPS, "int8": 256 * TFLOPS},
+        vector_fp32_flops=8 * TFLOPS,
+        native_gemm_flops={"fp32": 8 * TFLOPS},
+        memory_bandwidth_Bps=1.6e12,
+        label="invented",
+        source="invented numbers (emulated_types.md 6.1 toy_dsa); describes no real chip",
+    )
+
+
+def _best_rate(fn: Callable[[], object], ops: float, budget_s: float) -> float:
+    fn()
+    best = float("inf")
+    deadline = time.perf_counter() + budget_s
+    while True:
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+        if time.perf_counter() > deadline:
+            return ops / max(best, 1e-9)
+
+
+@functools.lru_cache(maxsize=1)
+def _measure_this_cpu() -> tuple[float, float, float, float]:
+    rng = np.random.default_rng(0)
+    n = 384
+    a32 = rng.standard_normal((n, n)).astype(np.float32)
+    a64 = a32.astype(np.float64)
+    sgemm = _best_rate(lambda: a32 @ a32, 2.0 * n**3, 0.25)
+    dgemm = _best_rate(lambda: a64 @ a64, 2.0 * n**3, 0.25)
+    v = rng.standard_normal(1 << 22).astype(np.float32)
+    out = np.empty_like(v)
+    vector = _best_rate(lambda: np.add(v, v, out=out), float(v.size), 0.1)
+    # add reads two operands and writes one: 12 bytes per element through memory
+    bandwidth = vector * 12.0
+    return sgemm, dgemm, vector, bandwidth
+
+
+def this_cpu_dsa() -> DSAProfile:
+    """This CPU, measured now with numpy (under a second, cached for the process only).
+
+    A CPU has no fast low-precision matrix unit: the model runs every narrow format as a
+    float32 GEMM, so all matrix formats get the measured sgemm rate. That makes emulation
+    look as slow here as it is here; the vendor profiles show what a DSA would gain.
+    """
+    sgemm, dgemm, vector, bandwidth = _measure_this_cpu()
+    return DSAProfile(
+        name="this-cpu",
+        device="this CPU (numpy BLAS, all threads)",
+        matrix_peak_ops={fmt: sgemm for fmt in ("fp16", "bf16", "tf32", "int8")},
+        vector_fp32_flops=vector,
+        native_gemm_flops={"fp32": sgemm, "fp64": dgemm},
+        memory_bandwidth_Bps=bandwidth,
+        label="measured",
+        source="measured with numpy: 384^3 sgemm/dgemm best-of, float32 add on 4M elements "
+        "(bandwidth = 12 B per added element); narrow formats run as sgemm",
+    )
+
+
+DSA_PROFILES: dict[str, Callable[..., DSAProfile]] = {
+    "a100": a100_dsa,
+    "h100": h100_dsa,
+    "h200": h200_dsa,
+    "ascend910": ascend910_dsa,
+    "toy": toy_dsa,
+    "this-cpu": this_cpu_dsa,
+}
+
+
+def get_dsa_profile(name: str, **overrides) -> DSAProfile:
+    """A DSA throughput profile by name; keyword arguments go to its factory."""
+    try:
+        factory = DSA_PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown DSA profile {name!r}; known: {sorted(DSA_PROFILES)}") from None
     return factory(**overrides)

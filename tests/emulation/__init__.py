@@ -1,0 +1,1 @@
+"""Tests of furnace.emulation (Ape emulated types)."""

@@ -1,0 +1,226 @@
+"""Tests of the emulated GEMM types (Ape, Ma et al. ICS '22; Ozaki et al.; Joldes-Muller-
+Popescu), design note `emulated_types.md` sections 2, 4.1-4.3, 6.2-6.4 and 6.8."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from furnace.emulation import naive
+from furnace.emulation.dsa import DSA, NotNativeError
+from furnace.emulation.types import TYPES, RangeError, bound_metric, get_type, ozaki1, ozaki2
+
+FP32_FAMILY = ["BF16", "TF32", "FP16", "BF16x2", "FP32-F", "FP32-T", "FP32-B", "FP32-B9"]
+
+
+def _uniform(shape, seed):
+    return np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+def _wide(shape, seed):
+    """Signed values with exponents uniform over 2^-30..2^30."""
+    rng = np.random.default_rng(seed)
+    mant = rng.uniform(0.5, 1, shape) * rng.choice([-1.0, 1.0], shape)
+    return np.ldexp(mant, rng.integers(-30, 31, shape)).astype(np.float32)
+
+
+def _error(name, A, B, dsa=None):
+    C = get_type(name).gemm(A, B, dsa or DSA("a100"))
+    return naive.normwise_error(C, naive.gemm_reference(A, B))
+
+
+def test_registry_names_families_and_cost_order():
+    expected = set(FP32_FAMILY) | {"INT16", "DF32"}
+    expected |= {f"OZ1-S{s}" for s in (6, 7, 8)} | {f"OZ2-N{n}" for n in (8, 12, 14, 16)}
+    assert set(TYPES) == expected
+    for name, t in TYPES.items():
+        assert t.name == name
+        assert t.family in ("fp32", "fp64", "int16", "narrow")
+    assert list(TYPES)[0] in ("BF16", "FP16")
+    assert list(TYPES)[-1] == "DF32"
+    assert TYPES["FP32-B"].native_gemms == 6 and TYPES["FP32-B9"].native_gemms == 9
+    assert TYPES["OZ1-S8"].native_gemms == 36 and TYPES["OZ2-N14"].native_gemms == 14
+
+
+def test_get_type_builds_unregistered_ozaki_sizes_and_refuses_unknown_names():
+    assert get_type("OZ1-S5").native_gemms == 15
+    assert get_type("OZ2-N10").native_gemms == 10
+    assert ozaki1(4).name == "OZ1-S4" and ozaki2(9).name == "OZ2-N9"
+    with pytest.raises(ValueError, match="unknown emulated type"):
+        get_type("FP32-X")
+    with pytest.raises(ValueError, match="s must be"):
+        ozaki1(0)
+
+
+def test_fp32_ladder_on_uniform_data():
+    A, B = _uniform((256, 256), 0), _uniform((256, 256), 1)
+    ref = naive.gemm_reference(A, B)
+    native = naive.normwise_error(A @ B, ref)
+    err = {name: _error(name, A, B) for name in FP32_FAMILY}
+    assert 1e-3 <= err["BF16"] <= 1e-2
+    assert 1e-5 <= err["TF32"] <= 1e-3 and 1e-5 <= err["FP16"] <= 1e-3
+    assert err["BF16x2"] < 1e-5
+    assert err["FP32-F"] <= 4 * native
+    assert err["FP32-T"] <= 4 * native
+    assert err["FP32-B"] <= native
+    assert err["FP32-B9"] <= native
+
+
+@pytest.mark.parametrize("dist", ["uniform", "normal", "uniform01", "wide"])
+def test_fp32_b_at_least_as_accurate_as_native_fp32(dist):
+    rng = np.random.default_rng(7)
+    make = {
+        "uniform": lambda s: rng.uniform(-1, 1, s),
+        "normal": lambda s: rng.standard_normal(s),
+        "uniform01": lambda s: rng.uniform(0, 1, s),
+        "wide": lambda s: _wide(s, int(rng.integers(1 << 30))),
+    }[dist]
+    A = make((256, 256)).astype(np.float32)
+    B = make((256, 256)).astype(np.float32)
+    native = naive.normwise_error(A @ B, naive.gemm_reference(A, B))
+    assert _error("FP32-B", A, B) <= native
+
+
+def test_wide_range_data_needs_a_full_range_type():
+    A, B = _wide((128, 128), 3), _wide((128, 128), 4)
+    assert not TYPES["FP32-F"].fits_range(A, B)
+    assert not TYPES["FP16"].fits_range(A, B)
+    native = naive.normwise_error(A @ B, naive.gemm_reference(A, B))
+    assert _error("FP32-T", A, B) <= 4 * native
+    assert _error("FP32-B", A, B) <= 2 * native
+
+
+def test_int16_is_exact_at_the_range_ends():
+    rng = np.random.default_rng(5)
+    A = rng.integers(-32896, 32640, (48, 70))
+    B = rng.integers(-32896, 32640, (70, 33))
+    A[0, :] = 32639
+    B[:, 0] = 32639
+    A[1, :] = -32896
+    C = TYPES["INT16"].gemm(A, B, DSA("a100"))
+    assert C.dtype == np.int64
+    assert np.array_equal(C.astype(object), naive.exact_int_gemm(A, B))
+
+
+def test_int16_refuses_values_two_bytes_cannot_hold():
+    A = np.full((2, 2), 32640)
+    assert not TYPES["INT16"].fits_range(A)
+    with pytest.raises(RangeError, match="integers in"):
+        TYPES["INT16"].gemm(A, A, DSA("a100"))
+
+
+@pytest.fixture(scope="module")
+def fp64_case():
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((512, 512))
+    B = rng.standard_normal((512, 512))
+    rows, cols = naive.sample_entries(512, 512, 200, rng=2)
+    exact = np.array([float(x) for x in naive.exact_gemm_entries(A, B, rows, cols)])
+    return A, B, naive.longdouble_gemm(A, B), rows, cols, exact
+
+
+@pytest.mark.parametrize("name", ["OZ2-N15", "OZ2-N16", "OZ1-S8"])
+def test_ozaki_reaches_fp64_accuracy(fp64_case, name):
+    A, B, ld, rows, cols, exact = fp64_case
+    C = get_type(name).gemm(A, B, DSA("a100"))
+    assert C.dtype == np.float64
+    assert naive.normwise_error(C[rows, cols], exact) <= 1e-15
+    assert naive.normwise_error(C, ld) <= 1e-15
+
+
+@pytest.mark.parametrize("name", ["OZ2-N14", "OZ1-S7"])
+def test_one_modulus_or_slice_fewer_misses_fp64(fp64_case, name):
+    # records the smallest sizes: N = 15 moduli, s = 8 slices at k = 512, standard normal
+    A, B, ld, *_ = fp64_case
+    assert naive.normwise_error(get_type(name).gemm(A, B, DSA("a100")), ld) > 1e-15
+
+
+def test_df32_is_close_to_fp64_on_the_vector_unit_only():
+    rng = np.random.default_rng(3)
+    A, B = rng.standard_normal((40, 48)), rng.standard_normal((48, 24))
+    dsa = DSA("a100")
+    C = TYPES["DF32"].gemm(A, B, dsa)
+    assert naive.normwise_error(C, naive.longdouble_gemm(A, B)) < 1e-13
+    assert set(dsa.counters.flops_by_unit) == {"vector:fp32"}
+    assert dsa.counters.ops["df_dot"].flops == 37 * 4 * 40 * 48 * 24
+    with pytest.raises(RangeError, match="2\\^-40"):
+        TYPES["DF32"].gemm(A * 2.0**45, B, dsa)
+
+
+@pytest.mark.parametrize("name", [n for n in TYPES if n != "DF32"])
+def test_counters_show_native_gemms_on_the_right_unit(name):
+    t = TYPES[name]
+    m, k, n = 24, 40, 16
+    rng = np.random.default_rng(0)
+    if t.family == "int16":
+        A, B = rng.integers(-300, 300, (m, k)), rng.integers(-300, 300, (k, n))
+    elif t.family == "fp64":
+        A, B = rng.standard_normal((m, k)), rng.standard_normal((k, n))
+    else:
+        A, B = _uniform((m, k), 1), _uniform((k, n), 2)
+    dsa = DSA("a100")
+    t.gemm(A, B, dsa)
+    matrix = {u: f for u, f in dsa.counters.flops_by_unit.items() if u.startswith("matrix:")}
+    assert matrix == {f"matrix:{t.native}": t.native_gemms * 2 * m * n * k}
+    assert dsa.counters.ops[f"mm_{t.native}"].calls == t.native_gemms
+    # splitting and merging are charged to the vector unit
+    assert dsa.counters.flops_by_unit.get("vector:fp32", 0) > 0 or t.native_gemms == 1
+
+
+@pytest.mark.parametrize("name", list(TYPES))
+def test_observed_error_within_the_a_priori_bound(name):
+    t = TYPES[name]
+    rng = np.random.default_rng(9)
+    k = 64 if name == "DF32" else 128
+    cases = []
+    if t.family == "int16":
+        cases.append((rng.integers(-32896, 32640, (32, k)), rng.integers(-32896, 32640, (k, 24))))
+    elif t.family == "fp64":
+        cases.append((rng.standard_normal((32, k)), rng.standard_normal((k, 24))))
+        cases.append((rng.uniform(0, 1, (32, k)), rng.uniform(0, 1, (k, 24))))
+    else:
+        cases.append((_uniform((32, k), 1), _uniform((k, 24), 2)))
+        if t.fits_range(_wide((32, k), 3)):
+            cases.append((_wide((32, k), 3), _wide((k, 24), 4)))
+    for A, B in cases:
+        C = t.gemm(A, B, DSA("a100"))
+        if t.family == "int16":
+            assert np.array_equal(C.astype(object), naive.exact_int_gemm(A, B))
+            assert t.error_bound(k) == 0
+            continue
+        ref = naive.longdouble_gemm(A, B) if t.family == "fp64" else naive.gemm_reference(A, B)
+        assert bound_metric(t, C, ref, A, B) <= t.error_bound(k)
+
+
+def test_range_checks_fp32_f_fp16_and_fp32_b():
+    dsa = DSA("a100")
+    ok = np.array([[2.0**15 - 1, 0.0], [0.0, -1.0]], dtype=np.float32)
+    big = np.array([[2.0**15, 0.0], [0.0, 1.0]], dtype=np.float32)
+    assert TYPES["FP32-F"].fits_range(ok, np.zeros((2, 2), np.float32))
+    assert not TYPES["FP32-F"].fits_range(big)
+    with pytest.raises(RangeError, match="FP32-F"):
+        TYPES["FP32-F"].gemm(big, ok, dsa)
+    assert TYPES["FP16"].fits_range(np.float32([[65504.0]]))
+    assert not TYPES["FP16"].fits_range(np.float32([[65505.0]]))
+    with pytest.raises(RangeError):
+        TYPES["FP16"].gemm(np.float32([[70000.0]]), np.float32([[1.0]]), dsa)
+    huge = np.array([[1e30, -1e30], [1.0, 0.0]], dtype=np.float32)
+    assert TYPES["FP32-B"].fits_range(huge)
+    C = TYPES["FP32-B"].gemm(huge, np.eye(2, dtype=np.float32), dsa)
+    assert np.array_equal(C, huge)
+
+
+def test_a_profile_without_bf16_refuses_fp32_b_but_runs_fp32_f():
+    dsa = DSA("ascend910")
+    A, B = _uniform((16, 16), 0), _uniform((16, 16), 1)
+    with pytest.raises(NotNativeError, match="bf16"):
+        TYPES["FP32-B"].gemm(A, B, dsa)
+    assert dsa.counters.calls == 0
+    C = TYPES["FP32-F"].gemm(A, B, dsa)
+    assert naive.normwise_error(C, naive.gemm_reference(A, B)) < 1e-6
+
+
+def test_fp32_types_refuse_inputs_that_float32_would_round():
+    A = np.full((2, 2), 1 + 2.0**-40)
+    with pytest.raises(TypeError, match="not exact in float32"):
+        TYPES["FP32-B"].gemm(A, A, DSA("a100"))
