@@ -4,6 +4,26 @@ u_t = alpha_t v_t - beta_t sum_{i<t} kappa1(w_t, k_i) u_i (Sec. 3.2), computed c
 """
 
 from .chunk import deltaformer_chunk
+from .model import (
+    DecoderBlock,
+    DeltaFormerAttention,
+    DeltaFormerLM,
+    KUCache,
+    LMConfig,
+    SequenceModel,
+    TransformerLM,
+)
 from .naive import KAPPA1_KINDS, deltaformer_naive
 
-__all__ = ["KAPPA1_KINDS", "deltaformer_chunk", "deltaformer_naive"]
+__all__ = [
+    "KAPPA1_KINDS",
+    "DecoderBlock",
+    "DeltaFormerAttention",
+    "DeltaFormerLM",
+    "KUCache",
+    "LMConfig",
+    "SequenceModel",
+    "TransformerLM",
+    "deltaformer_chunk",
+    "deltaformer_naive",
+]

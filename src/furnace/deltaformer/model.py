@@ -1,0 +1,496 @@
+"""DeltaFormer, softmax-attention and DeltaNet sequence models (DeltaFormer: Xu, Ao, He, Lu, Shi,
+Zhong, NeurIPS 2025, Sec. 3.2-3.4 and App. E; DeltaNet: Yang et al. 2024, "Parallelizing linear
+transformers with the delta rule", Sec. 2).
+
+`DeltaFormerAttention` is the paper's layer: ordinary causal softmax attention whose values are
+replaced by u_t = v_t - beta_t sum_{i<t} kappa1(w_t, k_i) u_i, with
+
+* the erase query w taken from k (``w_source="k"``, the paper's derivation and App. E),
+  from q (``"q"``, what flash-linear-attention does today) or from its own projection (``"own"``);
+* beta = sigmoid(linear(x)) per u-stage head, or 2 sigmoid (opt-in, ``beta_activation="2sigmoid"``).
+  With beta > 1 the recurrence u_t = v_t - beta u_{t-1} can grow exponentially in t
+  (design note, Sec. 3.5), so it is not the default;
+* rotary position embedding on q, k and w, optional RMSNorm per head (qk-norm) on q, k, w;
+* one kappa1 per head (heads may mix kernels; heads that share a kernel go through one
+  `deltaformer_chunk` call);
+* grouped / multi-query heads. When w comes from k or its own projection the u-stage depends on
+  keys, values and w only, so it runs once per key-value head and the query heads of a group
+  share that U in the read-out (the +25% attention-FLOP figure of the paper's 14B model relies on
+  this). With ``w_source="q"`` w has one head per query head, so the u-stage runs per query head.
+
+`DeltaFormerAttention.step` decodes one token at a time with a key-U cache (design note, Sec. 2.4):
+past u_i never change, so a new token needs one strictly causal kappa1 read to form u_t and one
+causal softmax read over (K, U).
+
+The block, config and model around it (`DecoderBlock`, `LMConfig`, `SequenceModel`) differ only in
+the mixer, so the three mixers can be compared at matched size. Parameters the mixers add beyond
+softmax attention (q, k, v, out): DeltaFormer adds a beta projection (d_model x u-heads, + bias)
+and, for ``w_source="own"``, a w projection (and its qk-norm weight); DeltaNet adds the beta
+projection only. The models hold no parallelism code.
+
+Shape suffixes: B = batch, T = time, D = d_model, H = query heads, G = key-value heads,
+U = u-stage heads (G or H), C = head width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .chunk import deltaformer_chunk
+from .naive import KAPPA1_KINDS, default_kappa1_scale
+
+__all__ = [
+    "BETA_ACTIVATIONS",
+    "MIXERS",
+    "W_SOURCES",
+    "DecoderBlock",
+    "DeltaFormerAttention",
+    "DeltaFormerLM",
+    "DeltaNetMixer",
+    "KUCache",
+    "LMConfig",
+    "Projected",
+    "SequenceModel",
+    "SoftmaxAttention",
+    "TransformerLM",
+    "apply_rotary",
+]
+
+MIXERS = ("attention", "deltaformer", "deltanet")
+W_SOURCES = ("k", "q", "own")
+BETA_ACTIVATIONS = ("sigmoid", "2sigmoid")
+
+
+@dataclass(kw_only=True)
+class LMConfig:
+    """Size and mixer of a `SequenceModel`.
+
+    Attributes:
+        vocab_size: input tokens.
+        d_model: residual width D.
+        num_layers: decoder blocks.
+        num_heads: query heads H (must divide d_model).
+        num_kv_heads: key-value heads G (must divide num_heads); None means num_heads.
+        mixer: "attention", "deltaformer" or "deltanet".
+        kappa1: DeltaFormer erase kernel, one name for all heads or a tuple with one per head.
+        w_source: "k" (paper default), "q" (flash-linear-attention) or "own" (own projection).
+        beta_activation: "sigmoid" (beta in (0, 1)) or "2sigmoid" (beta in (0, 2); can blow up).
+        qk_norm: RMSNorm per head on q, k (and an own w).
+        rotary: rotary position embedding on q, k, w (not used by the DeltaNet mixer).
+        rotary_base: RoPE frequency base.
+        max_len: longest sequence accepted.
+        num_classes: None for an LM head over vocab_size; else a per-position classifier.
+        mlp_ratio: MLP hidden width / d_model.
+        chunk_size: rows per triangular solve in the chunked DeltaFormer u-stage.
+    """
+
+    vocab_size: int = 256
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int | None = None
+    mixer: str = "deltaformer"
+    kappa1: str | tuple[str, ...] = "softmax"
+    w_source: str = "k"
+    beta_activation: str = "sigmoid"
+    qk_norm: bool = False
+    rotary: bool = True
+    rotary_base: float = 10000.0
+    max_len: int = 128
+    num_classes: int | None = None
+    mlp_ratio: int = 4
+    chunk_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads is None:
+            self.num_kv_heads = self.num_heads
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+                     "max_len", "mlp_ratio", "chunk_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.num_classes is not None and (
+            isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int)
+            or self.num_classes < 1
+        ):
+            raise ValueError(f"num_classes must be None or a positive int, got "
+                             f"{self.num_classes!r}")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} must divide d_model={self.d_model}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide "
+                             f"num_heads={self.num_heads}")
+        if self.mixer not in MIXERS:
+            raise ValueError(f"unknown mixer {self.mixer!r}; known: {MIXERS}")
+        if self.w_source not in W_SOURCES:
+            raise ValueError(f"unknown w_source {self.w_source!r}; known: {W_SOURCES}")
+        if self.beta_activation not in BETA_ACTIVATIONS:
+            raise ValueError(f"unknown beta_activation {self.beta_activation!r}; "
+                             f"known: {BETA_ACTIVATIONS}")
+        if self.rotary and self.head_dim % 2:
+            raise ValueError(f"rotary needs an even head width, got {self.head_dim}")
+        if isinstance(self.kappa1, list):
+            self.kappa1 = tuple(self.kappa1)
+        names = (self.kappa1,) if isinstance(self.kappa1, str) else self.kappa1
+        if not isinstance(names, tuple) or not names:
+            raise ValueError(f"kappa1 must be a name or a non-empty tuple of names, "
+                             f"got {self.kappa1!r}")
+        for name in names:
+            if name not in KAPPA1_KINDS:
+                raise ValueError(f"unknown kappa1 {name!r}; known: {KAPPA1_KINDS}")
+        if not isinstance(self.kappa1, str) and len(self.kappa1) != self.num_heads:
+            raise ValueError(f"kappa1 tuple has {len(self.kappa1)} entries but num_heads="
+                             f"{self.num_heads}")
+        # A u-stage shared by a key-value group has one kernel; heads of a group must agree.
+        if self.u_heads < self.num_heads:
+            group = self.num_heads // self.num_kv_heads
+            per_head = self.kappa1_per_head
+            for g in range(self.num_kv_heads):
+                if len(set(per_head[g * group:(g + 1) * group])) > 1:
+                    raise ValueError(
+                        f"query heads {g * group}..{(g + 1) * group - 1} share key-value head "
+                        f"{g} and so one U (w_source={self.w_source!r}), but have kappa1 "
+                        f"{per_head[g * group:(g + 1) * group]}"
+                    )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def kappa1_per_head(self) -> tuple[str, ...]:
+        if isinstance(self.kappa1, str):
+            return (self.kappa1,) * self.num_heads
+        return self.kappa1
+
+    @property
+    def u_heads(self) -> int:
+        """Heads of the DeltaFormer u-stage: one per key-value head unless w comes from q."""
+        return self.num_heads if self.w_source == "q" else self.num_kv_heads
+
+    @property
+    def kappa1_per_u_head(self) -> tuple[str, ...]:
+        stride = self.num_heads // self.u_heads
+        return self.kappa1_per_head[::stride]
+
+
+def apply_rotary(x_BTHC: torch.Tensor, positions_T: torch.Tensor, base: float) -> torch.Tensor:
+    """Rotary position embedding (rotate-half layout) of x at integer positions."""
+    width = x_BTHC.shape[-1]
+    inv_freq = base ** (-torch.arange(0, width, 2, dtype=x_BTHC.dtype, device=x_BTHC.device)
+                        / width)
+    angles_TC = positions_T.to(x_BTHC.dtype)[:, None] * inv_freq[None, :]
+    angles_TC = torch.cat([angles_TC, angles_TC], dim=-1)
+    cos, sin = angles_TC.cos()[:, None, :], angles_TC.sin()[:, None, :]
+    first, second = x_BTHC.chunk(2, dim=-1)
+    return x_BTHC * cos + torch.cat([-second, first], dim=-1) * sin
+
+
+def _expand_heads(x_BTGC: torch.Tensor, heads: int) -> torch.Tensor:
+    """Repeat each key-value head for the consecutive query heads of its group."""
+    groups = x_BTGC.shape[2]
+    return x_BTGC if groups == heads else x_BTGC.repeat_interleave(heads // groups, dim=2)
+
+
+def _kappa1_weights(scores: torch.Tensor, kappa1: str) -> torch.Tensor:
+    """kappa1 weights of one row against its whole (strict) prefix on the last axis."""
+    if kappa1 == "softmax":
+        return torch.softmax(scores, dim=-1)
+    if kappa1 == "linear":
+        return scores
+    if kappa1 == "relu":
+        return torch.relu(scores)
+    return torch.round(scores * 100.0) / 100.0
+
+
+@dataclass
+class Projected:
+    """Per-head tensors of one DeltaFormer layer, after qk-norm and rotary.
+
+    q: [B, T, H, C]; k, v: [B, T, G, C]; w: [B, T, U, C]; beta: [B, T, U]."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    w: torch.Tensor
+    beta: torch.Tensor
+
+
+@dataclass
+class KUCache:
+    """Key-U cache of one DeltaFormer layer: rotated keys [B, t, G, C], u [B, t, U, C].
+
+    The u-stage keys are the same keys (kappa1(w_t, k_i)), so K and U are all a step needs: the
+    softmax kappa1 normaliser is recomputed exactly from the cached keys each step."""
+
+    keys: torch.Tensor
+    u: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[1]
+
+
+class _HeadProjections(nn.Module):
+    """q, k, v, out projections with optional per-head RMSNorm and rotary, shared by the mixers."""
+
+    def __init__(self, config: LMConfig, use_rotary: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.use_rotary = use_rotary and config.rotary
+        d, c = config.d_model, config.head_dim
+        self.q_proj = nn.Linear(d, config.num_heads * c, bias=False)
+        self.k_proj = nn.Linear(d, config.num_kv_heads * c, bias=False)
+        self.v_proj = nn.Linear(d, config.num_kv_heads * c, bias=False)
+        self.out_proj = nn.Linear(config.num_heads * c, d, bias=False)
+        self.q_norm = nn.RMSNorm(c) if config.qk_norm else None
+        self.k_norm = nn.RMSNorm(c) if config.qk_norm else None
+
+    def _heads(self, x_BTX: torch.Tensor, heads: int) -> torch.Tensor:
+        return x_BTX.reshape(*x_BTX.shape[:2], heads, self.config.head_dim)
+
+    def _position(self, x_BTHC: torch.Tensor, norm: nn.Module | None,
+                  positions_T: torch.Tensor) -> torch.Tensor:
+        if norm is not None:
+            x_BTHC = norm(x_BTHC)
+        if self.use_rotary:
+            x_BTHC = apply_rotary(x_BTHC, positions_T, self.config.rotary_base)
+        return x_BTHC
+
+    def qkv(self, x_BTD: torch.Tensor, positions_T: torch.Tensor):
+        cfg = self.config
+        q = self._position(self._heads(self.q_proj(x_BTD), cfg.num_heads), self.q_norm,
+                           positions_T)
+        k = self._position(self._heads(self.k_proj(x_BTD), cfg.num_kv_heads), self.k_norm,
+                           positions_T)
+        v = self._heads(self.v_proj(x_BTD), cfg.num_kv_heads)
+        return q, k, v
+
+    def out(self, o_BTHC: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(o_BTHC.reshape(*o_BTHC.shape[:2], -1))
+
+
+def _positions(seq_len: int, device: torch.device, offset: int = 0) -> torch.Tensor:
+    return torch.arange(offset, offset + seq_len, device=device)
+
+
+class SoftmaxAttention(_HeadProjections):
+    """Causal softmax attention (the Transformer baseline = DeltaFormer with beta = 0)."""
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__(config, use_rotary=True)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x_BTD, _positions(x_BTD.shape[1], x_BTD.device))
+        heads = self.config.num_heads
+        k, v = _expand_heads(k, heads), _expand_heads(v, heads)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
+        return self.out(o.transpose(1, 2))
+
+
+def _beta(logits: torch.Tensor, activation: str) -> torch.Tensor:
+    beta = torch.sigmoid(logits)
+    # beta in (0, 2) admits negative eigenvalues of the transition (Grazzi et al.), but for
+    # DeltaFormer beta > 1 lets |u| grow exponentially with T; opt-in only.
+    return 2.0 * beta if activation == "2sigmoid" else beta
+
+
+class DeltaNetMixer(_HeadProjections):
+    """Plain delta rule (Yang et al. 2024, Sec. 2) with L2-normalised q and k, no positions:
+
+        S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T,    o_t = S_t q_t
+
+    A token loop: a baseline for small experiments, correctness over speed."""
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__(config, use_rotary=False)
+        self.beta_proj = nn.Linear(config.d_model, config.num_heads)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        q, k, v = self.qkv(x_BTD, _positions(x_BTD.shape[1], x_BTD.device))
+        k, v = _expand_heads(k, cfg.num_heads), _expand_heads(v, cfg.num_heads)
+        # Unit keys keep I - beta k k^T a contraction for beta in (0, 2).
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        beta = _beta(self.beta_proj(x_BTD), cfg.beta_activation)
+        batch, seq_len, heads, width = q.shape
+        state = q.new_zeros(batch, heads, width, width)  # S: value x key
+        outputs = []
+        for t in range(seq_len):
+            k_t, v_t = k[:, t], v[:, t]
+            predicted = torch.einsum("bhvk,bhk->bhv", state, k_t)
+            state = state + torch.einsum("bhv,bhk->bhvk",
+                                         beta[:, t, :, None] * (v_t - predicted), k_t)
+            outputs.append(torch.einsum("bhvk,bhk->bhv", state, q[:, t]))
+        return self.out(torch.stack(outputs, dim=1))
+
+
+class DeltaFormerAttention(_HeadProjections):
+    """DeltaFormer layer (paper Sec. 3.2, Eq. 8-9 with alpha = 1); see the module docstring."""
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__(config, use_rotary=True)
+        c = config.head_dim
+        self.w_proj = None
+        self.w_norm = None
+        if config.w_source == "own":
+            self.w_proj = nn.Linear(config.d_model, config.u_heads * c, bias=False)
+            self.w_norm = nn.RMSNorm(c) if config.qk_norm else None
+        self.beta_proj = nn.Linear(config.d_model, config.u_heads)
+        self.scale = 1.0 / math.sqrt(c)
+
+    def project(self, x_BTD: torch.Tensor, offset: int = 0) -> Projected:
+        """q, k, v, w, beta of x at positions offset, offset + 1, ..."""
+        cfg = self.config
+        positions = _positions(x_BTD.shape[1], x_BTD.device, offset)
+        q, k, v = self.qkv(x_BTD, positions)
+        if cfg.w_source == "k":
+            w = k
+        elif cfg.w_source == "q":
+            w = q
+        else:
+            w = self._position(self._heads(self.w_proj(x_BTD), cfg.u_heads), self.w_norm,
+                               positions)
+        beta = _beta(self.beta_proj(x_BTD), cfg.beta_activation)
+        return Projected(q=q, k=k, v=v, w=w, beta=beta)
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        p = self.project(x_BTD)
+        u_heads = cfg.u_heads
+        k_u, v_u = _expand_heads(p.k, u_heads), _expand_heads(p.v, u_heads)
+        # When U is per query head the chunk call's own read-out is the layer's output; when it
+        # is per key-value head the chunk call gets k as a stand-in q and only its U is used.
+        q_u = p.q if u_heads == cfg.num_heads else k_u
+        kernels = cfg.kappa1_per_u_head
+        u = torch.empty_like(v_u)
+        o = torch.empty_like(p.q) if u_heads == cfg.num_heads else None
+        for kernel in dict.fromkeys(kernels):
+            heads = [h for h, name in enumerate(kernels) if name == kernel]
+            if len(heads) == u_heads:
+                idx = slice(None)
+            else:
+                idx = torch.tensor(heads, device=x_BTD.device)
+            o_group, u_group = deltaformer_chunk(
+                q_u[:, :, idx], k_u[:, :, idx], v_u[:, :, idx], p.w[:, :, idx],
+                p.beta[:, :, idx], kappa1=kernel, chunk_size=cfg.chunk_size, scale=self.scale,
+                return_u=True,
+            )
+            u[:, :, idx] = u_group
+            if o is not None:
+                o[:, :, idx] = o_group
+        if o is None:
+            heads = cfg.num_heads
+            o = F.scaled_dot_product_attention(
+                p.q.transpose(1, 2), _expand_heads(p.k, heads).transpose(1, 2),
+                _expand_heads(u, heads).transpose(1, 2), is_causal=True, scale=self.scale,
+            ).transpose(1, 2)
+        return self.out(o)
+
+    def step(self, x_BD: torch.Tensor, cache: KUCache | None = None
+             ) -> tuple[torch.Tensor, KUCache]:
+        """Decode one token: x [B, D] -> (y [B, D], cache with this token's key and u appended)."""
+        cfg = self.config
+        if x_BD.dim() != 2:
+            raise ValueError(f"step takes one token per sequence, [B, D]; got {tuple(x_BD.shape)}")
+        offset = 0 if cache is None else cache.length
+        if offset >= cfg.max_len:
+            raise ValueError(f"cache already holds max_len={cfg.max_len} tokens")
+        p = self.project(x_BD[:, None], offset)
+        u_heads = cfg.u_heads
+        v_t = _expand_heads(p.v, u_heads)[:, 0]  # [B, U, C]
+        if cache is None:
+            u_t = v_t  # empty strict prefix: u_0 = v_0
+            keys = p.k
+        else:
+            prefix_k = _expand_heads(cache.keys, u_heads)  # [B, t, U, C]
+            w_t = p.w[:, 0]
+            erase_heads = []
+            for head, kernel in enumerate(cfg.kappa1_per_u_head):
+                kappa1_scale = default_kappa1_scale(kernel, self.scale)
+                scores = torch.einsum("bc,bic->bi", w_t[:, head], prefix_k[:, :, head])
+                weights = _kappa1_weights(scores * kappa1_scale, kernel)
+                erase_heads.append(torch.einsum("bi,bic->bc", weights, cache.u[:, :, head]))
+            erase = torch.stack(erase_heads, dim=1)
+            u_t = v_t - p.beta[:, 0, :, None] * erase
+            keys = torch.cat([cache.keys, p.k], dim=1)
+        u_all = u_t[:, None] if cache is None else torch.cat([cache.u, u_t[:, None]], dim=1)
+        heads = cfg.num_heads
+        scores = torch.einsum("bhc,bihc->bhi", p.q[:, 0], _expand_heads(keys, heads))
+        read = torch.softmax(scores * self.scale, dim=-1)
+        o_t = torch.einsum("bhi,bihc->bhc", read, _expand_heads(u_all, heads))
+        return self.out(o_t[:, None])[:, 0], KUCache(keys=keys, u=u_all)
+
+
+_MIXER_CLASSES = {
+    "attention": SoftmaxAttention,
+    "deltaformer": DeltaFormerAttention,
+    "deltanet": DeltaNetMixer,
+}
+
+
+class DecoderBlock(nn.Module):
+    """Pre-RMSNorm block: x + mixer(norm(x)), then x + mlp(norm(x)) with a GELU MLP."""
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.mixer_norm = nn.RMSNorm(config.d_model)
+        self.mixer = _MIXER_CLASSES[config.mixer](config)
+        self.mlp_norm = nn.RMSNorm(config.d_model)
+        hidden = config.mlp_ratio * config.d_model
+        self.mlp = nn.Sequential(nn.Linear(config.d_model, hidden), nn.GELU(),
+                                 nn.Linear(hidden, config.d_model))
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        x_BTD = x_BTD + self.mixer(self.mixer_norm(x_BTD))
+        return x_BTD + self.mlp(self.mlp_norm(x_BTD))
+
+
+class SequenceModel(nn.Module):
+    """Token embedding -> decoder blocks -> RMSNorm -> LM head (or per-position classifier).
+
+    Positions enter only through the mixers' rotary embedding (DeltaNet is recurrent)."""
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+        # N(0, 1) embeddings swamp the normalised residual stream at small width.
+        nn.init.normal_(self.embedding.weight, std=0.02)
+        self.blocks = nn.ModuleList(DecoderBlock(config) for _ in range(config.num_layers))
+        self.norm = nn.RMSNorm(config.d_model)
+        outputs = config.vocab_size if config.num_classes is None else config.num_classes
+        self.head = nn.Linear(config.d_model, outputs, bias=False)
+
+    def forward(self, tokens_BT: torch.Tensor) -> torch.Tensor:
+        """tokens [B, T] -> logits [B, T, vocab_size or num_classes]."""
+        if tokens_BT.dim() != 2:
+            raise ValueError(f"tokens must be [B, T], got shape {tuple(tokens_BT.shape)}")
+        if tokens_BT.shape[1] > self.config.max_len:
+            raise ValueError(f"sequence length {tokens_BT.shape[1]} exceeds "
+                             f"max_len={self.config.max_len}")
+        x_BTD = self.embedding(tokens_BT)
+        for block in self.blocks:
+            x_BTD = block(x_BTD)
+        return self.head(self.norm(x_BTD))
+
+
+class TransformerLM(SequenceModel):
+    """`SequenceModel` with the softmax-attention mixer."""
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__(dataclasses.replace(config, mixer="attention"))
+
+
+class DeltaFormerLM(SequenceModel):
+    """`SequenceModel` with the DeltaFormer mixer."""
+
+    def __init__(self, config: LMConfig) -> None:
+        super().__init__(dataclasses.replace(config, mixer="deltaformer"))
