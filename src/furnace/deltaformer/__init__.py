@@ -14,6 +14,7 @@ from .model import (
     TransformerLM,
 )
 from .naive import KAPPA1_KINDS, deltaformer_naive
+from .train import TrainConfig, TrainResult, train
 
 __all__ = [
     "KAPPA1_KINDS",
@@ -23,7 +24,10 @@ __all__ = [
     "KUCache",
     "LMConfig",
     "SequenceModel",
+    "TrainConfig",
+    "TrainResult",
     "TransformerLM",
     "deltaformer_chunk",
     "deltaformer_naive",
+    "train",
 ]
