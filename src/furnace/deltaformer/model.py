@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .chunk import deltaformer_chunk
-from .naive import KAPPA1_KINDS, default_kappa1_scale
+from .naive import KAPPA1_KINDS, _kappa1_row, default_kappa1_scale
 
 __all__ = [
     "BETA_ACTIVATIONS",
@@ -196,17 +196,6 @@ def _expand_heads(x_BTGC: torch.Tensor, heads: int) -> torch.Tensor:
     """Repeat each key-value head for the consecutive query heads of its group."""
     groups = x_BTGC.shape[2]
     return x_BTGC if groups == heads else x_BTGC.repeat_interleave(heads // groups, dim=2)
-
-
-def _kappa1_weights(scores: torch.Tensor, kappa1: str) -> torch.Tensor:
-    """kappa1 weights of one row against its whole (strict) prefix on the last axis."""
-    if kappa1 == "softmax":
-        return torch.softmax(scores, dim=-1)
-    if kappa1 == "linear":
-        return scores
-    if kappa1 == "relu":
-        return torch.relu(scores)
-    return torch.round(scores * 100.0) / 100.0
 
 
 @dataclass
@@ -416,7 +405,7 @@ class DeltaFormerAttention(_HeadProjections):
             for head, kernel in enumerate(cfg.kappa1_per_u_head):
                 kappa1_scale = default_kappa1_scale(kernel, self.scale)
                 scores = torch.einsum("bc,bic->bi", w_t[:, head], prefix_k[:, :, head])
-                weights = _kappa1_weights(scores * kappa1_scale, kernel)
+                weights = _kappa1_row(scores * kappa1_scale, kernel)
                 erase_heads.append(torch.einsum("bi,bic->bc", weights, cache.u[:, :, head]))
             erase = torch.stack(erase_heads, dim=1)
             u_t = v_t - p.beta[:, 0, :, None] * erase
