@@ -31,5 +31,6 @@ def test_bad_arguments_exit_2_with_a_message(argv, capsys):
 
 def test_reproduce_discovers_the_experiments():
     experiments = discover("deltaformer")
-    assert [e.name for e in experiments] == ["swap", "kernels", "parity_modarith", "lm"]
+    assert [e.name for e in experiments] == ["swap", "kernels", "parity_modarith", "lm",
+                                             "kappa1"]
     assert [e.name for e in experiments if e.quick] == ["swap", "kernels"]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from furnace.deltaformer import TrainConfig, train
+from furnace.deltaformer.train import train_many
 
 
 def _tiny(**kw) -> TrainConfig:
@@ -43,8 +44,29 @@ def test_tiny_lm_run_reports_validation_loss():
     assert result.token_acc is None and 0 < result.val_loss < 10
 
 
+def test_longer_evaluation_lengths_are_reported_and_the_training_length_matches():
+    result = train(_tiny(task="parity", eval_lengths=(16, 40)))
+    assert set(result.last_acc_at) == {16, 40}
+    # the same fresh sequences at the training length: the same accuracy
+    assert result.last_acc_at[16] == result.last_acc
+    assert 0 <= result.last_acc_at[40] <= 1
+
+
+def test_train_many_in_processes_equals_training_one_by_one():
+    configs = [_tiny(steps=8), _tiny(steps=8, mixer="attention", seed=1)]
+    serial = train_many(configs, workers=1)  # in this process, one thread, one by one
+    parallel = train_many(configs, workers=2)
+    for one, other in zip(serial, parallel, strict=True):
+        assert one.config == other.config
+        assert one.losses == other.losses
+        assert (one.token_acc, one.last_acc) == (other.token_acc, other.last_acc)
+    with pytest.raises(ValueError, match="workers"):
+        train_many(configs, workers=0)
+
+
 @pytest.mark.parametrize("kw", [dict(task="nope"), dict(steps=0), dict(num_heads=3),
-                                dict(kappa1="bogus"), dict(lr=-1.0)])
+                                dict(kappa1="bogus"), dict(lr=-1.0), dict(eval_lengths=(0,)),
+                                dict(task="lm", eval_lengths=(32,))])
 def test_bad_config_raises(kw):
     with pytest.raises(ValueError):
         _tiny(**kw)

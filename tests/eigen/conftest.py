@@ -92,6 +92,7 @@ def lowest_eigenvalues(A, M, count: int) -> np.ndarray:
         sigma=-1.0,
         which="LM",
         tol=0.0,
+        v0=np.random.default_rng(0).standard_normal(A.shape[0]),
         return_eigenvectors=False,
     )
     return np.sort(values)

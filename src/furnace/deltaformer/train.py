@@ -16,9 +16,14 @@ resumed from one ends with exactly the losses of an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import multiprocessing as mp
+import os
 import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +34,7 @@ import torch.nn.functional as F
 from .model import LMConfig, SequenceModel
 from .tasks import TASKS, get_task
 
-__all__ = ["TrainConfig", "TrainResult", "build_model", "train"]
+__all__ = ["TrainConfig", "TrainResult", "build_model", "train", "train_many"]
 
 LM_TASK = "lm"
 
@@ -51,6 +56,10 @@ class TrainConfig:
         clip: gradient-norm clip.
         seed: model initialisation and data.
         eval_sequences: fresh evaluation sequences (tasks) or validation windows (LM).
+        eval_lengths: tasks only: further lengths to evaluate the last-position accuracy
+            at, after training at ``length``. Longer ones test length generalisation, the
+            protocol of the Chomsky-hierarchy suite (Delétang et al., ICLR 2023) that
+            DeltaFormer App. D uses.
         corpus_bytes: LM only: bytes of stdlib source, both splits together.
         val_fraction: LM only: share of files held out for validation.
         checkpoint: where to write checkpoints (None: no checkpoints).
@@ -76,6 +85,7 @@ class TrainConfig:
     clip: float = 1.0
     seed: int = 0
     eval_sequences: int = 2000
+    eval_lengths: tuple[int, ...] = ()
     # the note's 6.0 MB train + 0.5 MB validation; corpus.py splits by whole files (every
     # 13th file is validation) rather than by a byte offset, so the split is ~1/13 of it
     corpus_bytes: int = 6_500_000
@@ -91,6 +101,12 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.eval_lengths = tuple(self.eval_lengths)
+        for value in self.eval_lengths:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"eval_lengths must hold positive ints, got {value!r}")
+        if self.eval_lengths and self.task == LM_TASK:
+            raise ValueError("eval_lengths applies to tasks, not to the LM")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -110,13 +126,15 @@ class TrainConfig:
                         num_layers=self.num_layers, num_heads=self.num_heads, mixer=self.mixer,
                         kappa1=self.kappa1, w_source=self.w_source,
                         beta_activation=self.beta_activation, rotary=self.rotary,
-                        max_len=self.length, chunk_size=self.chunk_size)
+                        max_len=max((self.length, *self.eval_lengths)),
+                        chunk_size=self.chunk_size)
 
 
 @dataclass
 class TrainResult:
-    """What a run measured. Accuracies are for tasks, ``val_loss`` for the LM; metrics are
-    None when the run stopped before its last step (``stop_at``)."""
+    """What a run measured. Accuracies are for tasks (``last_acc_at``: the last-position
+    accuracy at each of ``config.eval_lengths``), ``val_loss`` for the LM; metrics are None
+    when the run stopped before its last step (``stop_at``)."""
 
     config: TrainConfig
     params: int
@@ -124,6 +142,7 @@ class TrainResult:
     steps_done: int = 0
     token_acc: float | None = None
     last_acc: float | None = None
+    last_acc_at: dict[int, float] = field(default_factory=dict)
     val_loss: float | None = None
     seconds: float = 0.0
 
@@ -171,7 +190,7 @@ def _loss(model: SequenceModel, inputs_BT: torch.Tensor, targets_BT: torch.Tenso
 
 
 @torch.no_grad()
-def _evaluate_task(model: SequenceModel, config: TrainConfig) -> tuple[float, float]:
+def _evaluate_task(model: SequenceModel, config: TrainConfig, length: int) -> tuple[float, float]:
     task = get_task(config.task)
     # a generator apart from training's: these sequences are fresh, not replays of batches
     generator = torch.Generator().manual_seed(1_000_003 + config.seed)
@@ -179,29 +198,34 @@ def _evaluate_task(model: SequenceModel, config: TrainConfig) -> tuple[float, fl
     remaining = config.eval_sequences
     while remaining:
         n = min(500, remaining)
-        tokens, labels = task.sample(n, config.length, generator)
+        tokens, labels = task.sample(n, length, generator)
         hits = model(tokens).argmax(-1) == labels
         correct += int(hits.sum())
         last += int(hits[:, -1].sum())
         total += n
         remaining -= n
-    return correct / (total * config.length), last / total
+    return correct / (total * length), last / total
 
 
 @torch.no_grad()
 def _evaluate_lm(model: SequenceModel, batches: _Batches) -> float:
-    from furnace.runtime.corpus import eval_batches
-
     c = batches.config
+    data = batches.corpus.val
+    num_windows = (data.numel() - 1) // c.length
+    if num_windows < 1:
+        raise ValueError(f"the validation split ({data.numel()} bytes) is shorter than one "
+                         f"window of {c.length + 1} bytes; raise corpus_bytes")
+    # windows spread evenly over the whole split, not its first file: the held-out files
+    # range from prose-heavy docs to generated tables, so one file is a biased sample
+    index = torch.linspace(0, num_windows - 1, min(c.eval_sequences, num_windows))
+    starts = index.round().long().unique() * c.length
     total, count = 0.0, 0
-    # eval_sequences windows from the start of the split: batches of 16 and a partial one
-    for inputs_BT, targets_BT in eval_batches(batches.corpus.val, 16, c.length,
-                                              max_batches=math.ceil(c.eval_sequences / 16)):
-        keep = c.eval_sequences - count // c.length
-        logits = model(inputs_BT[:keep])
-        total += float(F.cross_entropy(logits.flatten(0, 1), targets_BT[:keep].flatten(),
+    for batch in starts.split(16):
+        window_BT = data[batch[:, None] + torch.arange(c.length + 1)].long()
+        logits = model(window_BT[:, :-1])
+        total += float(F.cross_entropy(logits.flatten(0, 1), window_BT[:, 1:].flatten(),
                                        reduction="sum"))
-        count += targets_BT[:keep].numel()
+        count += window_BT[:, 1:].numel()
     return total / count
 
 
@@ -277,6 +301,66 @@ def train(config: TrainConfig, progress: Any = None, *, resume: bool = False,
         if config.task == LM_TASK:
             result.val_loss = _evaluate_lm(model, batches)
         else:
-            result.token_acc, result.last_acc = _evaluate_task(model, config)
+            result.token_acc, result.last_acc = _evaluate_task(model, config, config.length)
+            result.last_acc_at = {n: _evaluate_task(model, config, n)[1]
+                                  for n in config.eval_lengths}
     result.seconds = time.perf_counter() - started
     return result
+
+
+@contextlib.contextmanager
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train_one_thread(config: TrainConfig) -> TrainResult:
+    with _one_thread():
+        return train(config)
+
+
+def train_many(configs: Iterable[TrainConfig], workers: int | None = None,
+               on_done: Callable[[TrainResult], None] | None = None) -> list[TrainResult]:
+    """Train each config single-threaded, ``workers`` at a time in spawned processes.
+
+    One thread per run because these models are small: on the shared 2-core box two torch
+    threads made a step 4x slower, while two single-threaded runs side by side each keep
+    most of a core. Runs are seeded, so the results equal those of `train` one by one;
+    their ``seconds`` include the contention of running side by side.
+
+    Args:
+        workers: processes at once (default: the CPU count, at most the number of runs);
+            1 trains in this process.
+        on_done: called with each result as it finishes (in finishing order).
+
+    Returns:
+        The results in the order of ``configs``.
+    """
+    configs = list(configs)
+    if workers is None:
+        workers = min(len(configs), os.cpu_count() or 1)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    results: list[TrainResult | None] = [None] * len(configs)
+    if workers == 1 or len(configs) <= 1:
+        for i, config in enumerate(configs):
+            results[i] = _train_one_thread(config)
+            if on_done is not None:
+                on_done(results[i])
+        return results  # type: ignore[return-value]
+    with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
+        futures = {pool.submit(_train_one_thread, c): i for i, c in enumerate(configs)}
+        try:
+            for future in as_completed(futures):
+                results[futures[future]] = future.result()
+                if on_done is not None:
+                    on_done(results[futures[future]])
+        except BaseException:
+            # one failed run (or Ctrl-C) should not wait for the queued ones to train
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return results  # type: ignore[return-value]

@@ -138,6 +138,7 @@ def run_arpack_shift_invert(K, M, a: float, b: float, k: int) -> dict:
 
     op = sla.LinearOperator(K.shape, matvec=solve, dtype=float)
     vals = sla.eigsh(K, k=min(K.shape[0] - 2, k), M=M, sigma=sigma, OPinv=op,
+                     v0=np.random.default_rng(0).standard_normal(K.shape[0]),
                      return_eigenvectors=False)
     vals = np.sort(vals[(vals >= a) & (vals <= b)])
     return {"eigenvalues": vals, "factor_nnz": int(lu.L.nnz + lu.U.nnz), "solves": solves[0]}

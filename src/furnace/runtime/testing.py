@@ -15,7 +15,7 @@ import torch
 
 from .launch import run_distributed
 
-__all__ = ["assert_close", "relative_error", "run_distributed", "seed_all"]
+__all__ = ["assert_close", "relative_error", "run_distributed", "seed_all", "start_vector"]
 
 
 def seed_all(seed: int = 42) -> None:
@@ -23,6 +23,15 @@ def seed_all(seed: int = 42) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def start_vector(matrix, seed: int = 0) -> np.ndarray:
+    """A fixed random start for ARPACK (`scipy.sparse.linalg.eigsh`'s ``v0``).
+
+    scipy >= 1.15 draws the default start from OS entropy, so a slow run cannot be replayed
+    (a test that takes ~5 s once spent over 120 s inside ARPACK in CI).
+    """
+    return np.random.default_rng(seed).standard_normal(matrix.shape[0])
 
 
 def relative_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
