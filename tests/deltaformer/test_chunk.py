@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from furnace.deltaformer import KAPPA1_KINDS, deltaformer_chunk, deltaformer_naive
+from furnace.deltaformer.chunk import deltanet_chunk
+from furnace.deltaformer.naive import deltanet_naive
 
 # Relative to the largest magnitude of the reference tensor.
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-4}
@@ -118,6 +120,24 @@ def test_linear_kernel_with_w_equal_k_is_deltanet(chunk_size):
     torch.testing.assert_close(
         torch.einsum("bhti,bihv->bthv", linear_read, u), outputs, rtol=1e-12, atol=1e-12
     )
+
+
+@pytest.mark.parametrize(("seq_len", "chunk_size"), [(1, 16), (7, 1), (130, 16), (130, 32),
+                                                   (130, 130)])
+def test_chunked_deltanet_equals_its_token_loop(seq_len, chunk_size):
+    """The DeltaNet baseline mixer's fast path against the state-update loop: output and the
+    gradients of q, k, v, beta in float64 to 1e-12."""
+    q, k, v, _, beta, _ = _make_inputs(2, seq_len, 3, 8, torch.float64, "linear")
+    grad = torch.randn(2, seq_len, 3, 8, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(5))
+    outs, grads = [], []
+    for fn in (deltanet_naive, lambda *a: deltanet_chunk(*a, chunk_size=chunk_size)):
+        out = fn(q, k, v, beta)
+        grads.append(torch.autograd.grad(out, (q, k, v, beta), grad))
+        outs.append(out.detach())
+    assert _relative_error(outs[0], outs[1]) < 1e-12
+    for name, ref, got in zip("q k v beta".split(), grads[0], grads[1], strict=True):
+        assert _relative_error(ref, got) < 1e-12, name
 
 
 @pytest.mark.parametrize("kappa1", ["softmax", "linear", "relu"])

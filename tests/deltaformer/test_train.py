@@ -52,6 +52,14 @@ def test_longer_evaluation_lengths_are_reported_and_the_training_length_matches(
     assert 0 <= result.last_acc_at[40] <= 1
 
 
+def test_a_run_whose_loss_is_not_finite_stops_and_says_where():
+    # unnormalised linear kappa1 over 128 positions: u overflows in the first forward
+    result = train(_tiny(task="parity", length=128, d_model=32, num_heads=1, kappa1="linear",
+                         steps=5, eval_sequences=8))
+    assert result.diverged_at == 1 and result.losses == [] and result.steps_done == 0
+    assert result.last_acc is None and result.token_acc is None
+
+
 def test_train_many_in_processes_equals_training_one_by_one():
     configs = [_tiny(steps=8), _tiny(steps=8, mixer="attention", seed=1)]
     serial = train_many(configs, workers=1)  # in this process, one thread, one by one

@@ -203,3 +203,25 @@ def deltaformer_chunk(
     o_h = F.scaled_dot_product_attention(q_h, k_h, u_h, is_causal=True, scale=scale)
     o = o_h.transpose(1, 2)
     return (o, u_h.transpose(1, 2)) if return_u else o
+
+
+def deltanet_chunk(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, *,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """DeltaNet (Yang et al. 2024) through DeltaFormer's chunked u-stage (paper App. A).
+
+    The delta-rule write u_t = beta_t (v_t - S_{t-1} k_t) satisfies
+    u_t = beta_t v_t - beta_t sum_{i<t} (k_t . k_i) u_i: the u-stage with linear kappa1,
+    w = k and alpha = beta. Then S_t q_t = sum_{i<=t} (q_t . k_i) u_i, a causal *linear* read.
+    The read materialises a [T, T] score matrix per head: fine for a baseline at T <= a few
+    thousand. Same shapes as `furnace.deltaformer.naive.deltanet_naive`, its reference.
+    """
+    validate_inputs(q, k, v, k, beta, beta, "linear")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    q_h, k_h, v_h = (x.transpose(1, 2) for x in (q, k, v))
+    beta_h = beta.transpose(1, 2)
+    u_h = _DeltaformerU.apply(k_h, k_h, v_h, beta_h, beta_h, "linear", chunk_size, 1.0)
+    scores = (q_h @ k_h.transpose(-1, -2)).tril()
+    return (scores @ u_h).transpose(1, 2)

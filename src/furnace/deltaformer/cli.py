@@ -46,6 +46,13 @@ def add_parser(subparsers) -> None:
     tr.add_argument("--weight-decay", type=float, default=0.01)
     tr.add_argument("--length", type=int, default=16)
     tr.add_argument("--eval-sequences", type=int, default=2000)
+    tr.add_argument("--eval-lengths", type=int, nargs="+", default=[], metavar="T",
+                    help="also report last-position accuracy at these lengths (length "
+                    "generalisation)")
+    tr.add_argument("--rotary", action=argparse.BooleanOptionalAction, default=True,
+                    help="rotary positions (--no-rotary: none, NoPE)")
+    tr.add_argument("--beta", choices=["sigmoid", "2sigmoid"], default="sigmoid",
+                    help="beta activation (2sigmoid: beta in (0, 2), can blow up)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=int, default=1,
                     help="torch threads (0: leave the default); one is fastest on a shared "
@@ -80,6 +87,8 @@ def _train(args: argparse.Namespace) -> int:
                              num_heads=args.heads, steps=args.steps, batch_size=args.batch_size,
                              lr=args.lr, weight_decay=args.weight_decay, length=args.length,
                              eval_sequences=args.eval_sequences, seed=args.seed,
+                             eval_lengths=tuple(args.eval_lengths), rotary=args.rotary,
+                             beta_activation=args.beta,
                              checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
     except ValueError as exc:
         print(f"furnace deltaformer train: {exc}", file=sys.stderr)
@@ -91,6 +100,11 @@ def _train(args: argparse.Namespace) -> int:
                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
                   console=console) as progress:
         result = train(config, progress, resume=args.resume)
+    if result.diverged_at is not None:
+        console.print(f"{config.mixer} on {config.task} diverged: the loss was not finite at "
+                      f"step {result.diverged_at}; training stopped (try kappa1 softmax, "
+                      "a lower --lr or beta sigmoid)")
+        return 1
     console.print(f"{config.mixer} ({result.params:,} params) on {config.task}, T="
                   f"{config.length}: {result.steps_done} steps, final train loss "
                   f"{result.losses[-1]:.4f}, {result.seconds:.1f} s")
@@ -100,6 +114,8 @@ def _train(args: argparse.Namespace) -> int:
     else:
         console.print(f"token accuracy {result.token_acc:.4f}, last-position accuracy "
                       f"{result.last_acc:.4f} on {config.eval_sequences} fresh sequences")
+        for length, acc in result.last_acc_at.items():
+            console.print(f"last-position accuracy at T={length}: {acc:.4f}")
     return 0
 
 

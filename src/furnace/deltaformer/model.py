@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .chunk import deltaformer_chunk
+from .chunk import deltaformer_chunk, deltanet_chunk
 from .naive import KAPPA1_KINDS, _kappa1_row, default_kappa1_scale
 
 __all__ = [
@@ -296,7 +296,8 @@ class DeltaNetMixer(_HeadProjections):
 
         S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T,    o_t = S_t q_t
 
-    A token loop: a baseline for small experiments, correctness over speed."""
+    computed chunk-wise as DeltaFormer's linear-kappa1 u-stage (`deltanet_chunk`); the token
+    loop `naive.deltanet_naive` is its reference."""
 
     def __init__(self, config: LMConfig) -> None:
         super().__init__(config, use_rotary=False)
@@ -309,16 +310,7 @@ class DeltaNetMixer(_HeadProjections):
         # Unit keys keep I - beta k k^T a contraction for beta in (0, 2).
         q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
         beta = _beta(self.beta_proj(x_BTD), cfg.beta_activation)
-        batch, seq_len, heads, width = q.shape
-        state = q.new_zeros(batch, heads, width, width)  # S: value x key
-        outputs = []
-        for t in range(seq_len):
-            k_t, v_t = k[:, t], v[:, t]
-            predicted = torch.einsum("bhvk,bhk->bhv", state, k_t)
-            state = state + torch.einsum("bhv,bhk->bhvk",
-                                         beta[:, t, :, None] * (v_t - predicted), k_t)
-            outputs.append(torch.einsum("bhvk,bhk->bhv", state, q[:, t]))
-        return self.out(torch.stack(outputs, dim=1))
+        return self.out(deltanet_chunk(q, k, v, beta, chunk_size=cfg.chunk_size))
 
 
 class DeltaFormerAttention(_HeadProjections):

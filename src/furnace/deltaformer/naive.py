@@ -133,3 +133,25 @@ def deltaformer_naive(
         os_.append(torch.einsum("bhi,bihd->bhd", torch.softmax(scores, dim=-1), u[:, : t + 1]))
     o = torch.stack(os_, dim=1)
     return (o, u) if return_u else o
+
+
+def deltanet_naive(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """DeltaNet (Yang et al. 2024, Sec. 2) by its state update, one token at a time:
+
+        S_t = S_{t-1} + beta_t (v_t - S_{t-1} k_t) k_t^T,    o_t = S_t q_t
+
+    q, k: [B, T, H, D]; v: [B, T, H, Dv]; beta: [B, T, H]. Returns O [B, T, H, Dv]. Keys are
+    used as given (the DeltaNet mixer L2-normalises them first).
+    """
+    batch, seq_len, heads, _ = q.shape
+    state = q.new_zeros(batch, heads, v.shape[-1], k.shape[-1])  # S: value x key
+    outputs = []
+    for t in range(seq_len):
+        k_t, v_t = k[:, t], v[:, t]
+        predicted = torch.einsum("bhvk,bhk->bhv", state, k_t)
+        state = state + torch.einsum("bhv,bhk->bhvk", beta[:, t, :, None] * (v_t - predicted),
+                                     k_t)
+        outputs.append(torch.einsum("bhvk,bhk->bhv", state, q[:, t]))
+    return torch.stack(outputs, dim=1)

@@ -134,7 +134,8 @@ class TrainConfig:
 class TrainResult:
     """What a run measured. Accuracies are for tasks (``last_acc_at``: the last-position
     accuracy at each of ``config.eval_lengths``), ``val_loss`` for the LM; metrics are None
-    when the run stopped before its last step (``stop_at``)."""
+    when the run stopped before its last step (``stop_at``) or diverged (``diverged_at``: the
+    step whose loss was not finite; training stops there)."""
 
     config: TrainConfig
     params: int
@@ -144,6 +145,7 @@ class TrainResult:
     last_acc: float | None = None
     last_acc_at: dict[int, float] = field(default_factory=dict)
     val_loss: float | None = None
+    diverged_at: int | None = None
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -280,12 +282,17 @@ def train(config: TrainConfig, progress: Any = None, *, resume: bool = False,
     for step in range(result.steps_done + 1, end + 1):
         inputs_BT, targets_BT = batches.next()
         loss, _ = _loss(model, inputs_BT, targets_BT)
+        loss_value = loss.item()
+        if not math.isfinite(loss_value):
+            # the weights are past saving (u overflowed; design note §3.5): stop, not train on
+            result.diverged_at = step
+            break
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
         optimizer.step()
         scheduler.step()
-        result.losses.append(loss.item())
+        result.losses.append(loss_value)
         result.steps_done = step
         if bar is not None:
             progress.update(bar, advance=1, description=f"{config.mixer} {config.task} "
