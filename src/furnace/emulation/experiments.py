@@ -293,7 +293,7 @@ def mlp_curve(ctx: RunContext) -> Result:
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
         return losses, dsa
 
     curves, rows = {}, []
