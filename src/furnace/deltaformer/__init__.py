@@ -3,7 +3,7 @@ u_t = alpha_t v_t - beta_t sum_{i<t} kappa1(w_t, k_i) u_i (Sec. 3.2), computed c
 (Sec. 3.4) against a literal token-loop reference.
 """
 
-from .chunk import deltaformer_chunk
+from .chunk import deltaformer_chunk, deltaformer_u
 from .model import (
     DecoderBlock,
     DeltaFormerAttention,
@@ -29,5 +29,6 @@ __all__ = [
     "TransformerLM",
     "deltaformer_chunk",
     "deltaformer_naive",
+    "deltaformer_u",
     "train",
 ]

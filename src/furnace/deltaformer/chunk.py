@@ -27,43 +27,45 @@ from torch.autograd.function import once_differentiable
 from .naive import default_kappa1_scale, validate_inputs
 
 
-def _strict_causal_mask(start: int, end: int, device: torch.device) -> torch.Tensor:
-    """[end-start, end] bool, True where column i < row t (global indices)."""
-    rows = torch.arange(start, end, device=device)[:, None]
-    cols = torch.arange(end, device=device)[None, :]
-    return cols < rows
+def _diagonal_future(size: int, device: torch.device) -> torch.Tensor:
+    """[size, size] bool, True on and above the diagonal: the in-chunk entries that are not in
+    a row's strict prefix. Columns before the chunk are all in every row's prefix, so only the
+    chunk's own square block needs masking."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).triu()
 
 
-def _chunk_kernel(
-    scores: torch.Tensor, valid: torch.Tensor, kappa1: str
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """kappa1 weights of chunk rows against columns [0, e), zero off the strict prefix.
-
-    Returns the weights and, for softmax, the per-row log-sum-exp (0 for empty rows)."""
+def _chunk_kernel(scores: torch.Tensor, start: int, kappa1: str) -> torch.Tensor:
+    """kappa1 weights of chunk rows [start, e) against columns [0, e), zero off the strict
+    prefix. Masks ``scores``'s diagonal block in place (-inf), so a caller may reuse it.
+    (Keeping forward's softmax log-sum-exp for backward was tried: no measurable gain.)"""
+    future = _diagonal_future(scores.shape[-2], scores.device)
+    scores[..., start:].masked_fill_(future, float("-inf"))
     if kappa1 == "softmax":
-        masked = scores.masked_fill(~valid, float("-inf"))
-        lse = torch.logsumexp(masked, dim=-1, keepdim=True)
+        lse = torch.logsumexp(scores, dim=-1, keepdim=True)
         # Global row 0 has no keys: lse = -inf would make exp(-inf + inf) = NaN.
         lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
-        return (masked - lse).exp(), lse
+        return (scores - lse).exp()
     if kappa1 == "linear":
-        weights = scores
+        weights = scores.clone()
     elif kappa1 == "relu":
-        weights = torch.relu(scores)
+        return torch.relu(scores)  # relu(-inf) = 0
     else:
         weights = torch.round(scores * 100.0) / 100.0
-    return weights.masked_fill(~valid, 0.0), None
+    weights[..., start:].masked_fill_(future, 0.0)
+    return weights
 
 
 def _kernel_backward(
     grad_weights: torch.Tensor,
     weights: torch.Tensor,
     scores: torch.Tensor,
-    valid: torch.Tensor,
+    start: int,
     kappa1: str,
 ) -> torch.Tensor:
-    """d loss / d scores from d loss / d weights for one chunk's rows."""
-    grad_weights = grad_weights.masked_fill(~valid, 0.0)
+    """d loss / d scores from d loss / d weights for one chunk's rows (``scores`` masked by
+    `_chunk_kernel`)."""
+    grad_weights[..., start:].masked_fill_(_diagonal_future(grad_weights.shape[-2],
+                                                            grad_weights.device), 0.0)
     if kappa1 == "softmax":
         # Masked entries have weight 0, so the row sum only sees the strict prefix.
         row_dot = (weights * grad_weights).sum(-1, keepdim=True)
@@ -85,9 +87,8 @@ class _DeltaformerU(torch.autograd.Function):
         u = torch.empty_like(v)
         for start in range(0, seq_len, chunk_size):
             end = min(start + chunk_size, seq_len)
-            valid = _strict_causal_mask(start, end, v.device)
             scores = w[:, :, start:end] @ k[:, :, :end].transpose(-1, -2) * kappa1_scale
-            weights, _ = _chunk_kernel(scores, valid, kappa1)
+            weights = _chunk_kernel(scores, start, kappa1)
             gate = beta[:, :, start:end, None]
             rhs = rhs_all[:, :, start:end]
             if start > 0:
@@ -118,11 +119,10 @@ class _DeltaformerU(torch.autograd.Function):
         starts = list(range(0, seq_len, chunk_size))
         for start in reversed(starts):
             end = min(start + chunk_size, seq_len)
-            valid = _strict_causal_mask(start, end, v.device)
             w_chunk = w[:, :, start:end]
             scores = w_chunk @ k[:, :, :end].transpose(-1, -2) * kappa1_scale
             # Recomputing P1 rows is O(c e D), the same as forward; cheaper than storing T x T.
-            weights, _ = _chunk_kernel(scores, valid, kappa1)
+            weights = _chunk_kernel(scores, start, kappa1)
             gate = beta[:, :, start:end, None]
             eye = torch.eye(end - start, dtype=v.dtype, device=v.device)
             coupling = eye + gate * weights[..., start:end]
@@ -139,13 +139,56 @@ class _DeltaformerU(torch.autograd.Function):
             erase = weights @ u[:, :, :end]  # (P1 U) for these rows
             grad_beta[:, :, start:end] = -(vt_chunk * erase).sum(-1)
             grad_weights = -gated_vt @ u[:, :, :end].transpose(-1, -2)
-            grad_scores = _kernel_backward(grad_weights, weights, scores, valid, kappa1)
+            grad_scores = _kernel_backward(grad_weights, weights, scores, start, kappa1)
             grad_scores = grad_scores * kappa1_scale
             grad_w[:, :, start:end] = grad_scores @ k[:, :, :end]
             grad_k[:, :, :end] += grad_scores.transpose(-1, -2) @ w_chunk
         grad_v = alpha[..., None] * v_tilde
         grad_alpha = (v_tilde * v).sum(-1)
         return grad_w, grad_k, grad_v, grad_beta, grad_alpha, None, None, None
+
+
+def _check_chunk_size(chunk_size: int) -> None:
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+
+
+def deltaformer_u(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    kappa1: str = "softmax",
+    alpha: torch.Tensor | None = None,
+    chunk_size: int = 64,
+    kappa1_scale: float | None = None,
+) -> torch.Tensor:
+    """The u-stage alone: U = (I + diag(beta) P1)^-1 diag(alpha) V, chunked, custom backward.
+
+    For layers whose read-out is not one causal SDPA over the same heads: grouped heads
+    (U per key-value head, read by every query head of the group) and DeltaNet (a linear
+    read). Shapes and defaults as `deltaformer_chunk`, whose kappa1_scale default for
+    softmax is 1/sqrt(D); returns U [B, T, H, Dv].
+    """
+    validate_inputs(k, k, v, w, beta, alpha, kappa1)
+    _check_chunk_size(chunk_size)
+    if kappa1_scale is None:
+        kappa1_scale = default_kappa1_scale(kappa1, 1.0 / math.sqrt(k.shape[-1]))
+    if alpha is None:
+        alpha = torch.ones_like(beta)
+    # the solves want the head axis ahead of time: [B, T, H, D] -> [B, H, T, D]
+    u_h = _DeltaformerU.apply(
+        w.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        beta.transpose(1, 2),
+        alpha.transpose(1, 2),
+        kappa1,
+        chunk_size,
+        float(kappa1_scale),
+    )
+    return u_h.transpose(1, 2)
 
 
 def deltaformer_chunk(
@@ -179,30 +222,15 @@ def deltaformer_chunk(
         O [B, T, H, Dv], or (O, U) when ``return_u``.
     """
     validate_inputs(q, k, v, w, beta, alpha, kappa1)
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     if kappa1_scale is None:
         kappa1_scale = default_kappa1_scale(kappa1, scale)
-    if alpha is None:
-        alpha = torch.ones_like(beta)
-
-    # The solves and SDPA want the head axis ahead of time: [B, T, H, D] -> [B, H, T, D].
-    q_h, k_h, v_h, w_h = (x.transpose(1, 2) for x in (q, k, v, w))
-    u_h = _DeltaformerU.apply(
-        w_h,
-        k_h,
-        v_h,
-        beta.transpose(1, 2),
-        alpha.transpose(1, 2),
-        kappa1,
-        chunk_size,
-        float(kappa1_scale),
-    )
-    o_h = F.scaled_dot_product_attention(q_h, k_h, u_h, is_causal=True, scale=scale)
-    o = o_h.transpose(1, 2)
-    return (o, u_h.transpose(1, 2)) if return_u else o
+    u = deltaformer_u(k, v, w, beta, kappa1=kappa1, alpha=alpha, chunk_size=chunk_size,
+                      kappa1_scale=kappa1_scale)
+    o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), u.transpose(1, 2),
+                                       is_causal=True, scale=scale).transpose(1, 2)
+    return (o, u) if return_u else o
 
 
 def deltanet_chunk(
@@ -218,10 +246,6 @@ def deltanet_chunk(
     thousand. Same shapes as `furnace.deltaformer.naive.deltanet_naive`, its reference.
     """
     validate_inputs(q, k, v, k, beta, beta, "linear")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    q_h, k_h, v_h = (x.transpose(1, 2) for x in (q, k, v))
-    beta_h = beta.transpose(1, 2)
-    u_h = _DeltaformerU.apply(k_h, k_h, v_h, beta_h, beta_h, "linear", chunk_size, 1.0)
-    scores = (q_h @ k_h.transpose(-1, -2)).tril()
-    return (scores @ u_h).transpose(1, 2)
+    u = deltaformer_u(k, v, k, beta, kappa1="linear", alpha=beta, chunk_size=chunk_size)
+    scores = torch.einsum("bthd,bihd->bhti", q, k).tril()
+    return torch.einsum("bhti,bihv->bthv", scores, u)

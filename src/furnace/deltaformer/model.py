@@ -12,7 +12,7 @@ replaced by u_t = v_t - beta_t sum_{i<t} kappa1(w_t, k_i) u_i, with
   (design note, Sec. 3.5), so it is not the default;
 * rotary position embedding on q, k and w, optional RMSNorm per head (qk-norm) on q, k, w;
 * one kappa1 per head (heads may mix kernels; heads that share a kernel go through one
-  `deltaformer_chunk` call);
+  `deltaformer_u` call, and every head is read out by one causal SDPA);
 * grouped / multi-query heads. When w comes from k or its own projection the u-stage depends on
   keys, values and w only, so it runs once per key-value head and the query heads of a group
   share that U in the read-out (the +25% attention-FLOP figure of the paper's 14B model relies on
@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .chunk import deltaformer_chunk, deltanet_chunk
+from .chunk import deltaformer_u, deltanet_chunk
 from .naive import KAPPA1_KINDS, _kappa1_row, default_kappa1_scale
 
 __all__ = [
@@ -347,32 +347,23 @@ class DeltaFormerAttention(_HeadProjections):
         p = self.project(x_BTD)
         u_heads = cfg.u_heads
         k_u, v_u = _expand_heads(p.k, u_heads), _expand_heads(p.v, u_heads)
-        # When U is per query head the chunk call's own read-out is the layer's output; when it
-        # is per key-value head the chunk call gets k as a stand-in q and only its U is used.
-        q_u = p.q if u_heads == cfg.num_heads else k_u
         kernels = cfg.kappa1_per_u_head
         u = torch.empty_like(v_u)
-        o = torch.empty_like(p.q) if u_heads == cfg.num_heads else None
+        # the u-stage per kappa1 (heads may mix kernels), then one read-out for all heads; a
+        # U per key-value head is shared by the query heads of its group
         for kernel in dict.fromkeys(kernels):
             heads = [h for h, name in enumerate(kernels) if name == kernel]
-            if len(heads) == u_heads:
-                idx = slice(None)
-            else:
-                idx = torch.tensor(heads, device=x_BTD.device)
-            o_group, u_group = deltaformer_chunk(
-                q_u[:, :, idx], k_u[:, :, idx], v_u[:, :, idx], p.w[:, :, idx],
-                p.beta[:, :, idx], kappa1=kernel, chunk_size=cfg.chunk_size, scale=self.scale,
-                return_u=True,
-            )
-            u[:, :, idx] = u_group
-            if o is not None:
-                o[:, :, idx] = o_group
-        if o is None:
-            heads = cfg.num_heads
-            o = F.scaled_dot_product_attention(
-                p.q.transpose(1, 2), _expand_heads(p.k, heads).transpose(1, 2),
-                _expand_heads(u, heads).transpose(1, 2), is_causal=True, scale=self.scale,
-            ).transpose(1, 2)
+            idx = slice(None) if len(heads) == u_heads else torch.tensor(heads,
+                                                                         device=x_BTD.device)
+            u[:, :, idx] = deltaformer_u(
+                k_u[:, :, idx], v_u[:, :, idx], p.w[:, :, idx], p.beta[:, :, idx],
+                kappa1=kernel, chunk_size=cfg.chunk_size,
+                kappa1_scale=default_kappa1_scale(kernel, self.scale))
+        heads = cfg.num_heads
+        o = F.scaled_dot_product_attention(
+            p.q.transpose(1, 2), _expand_heads(p.k, heads).transpose(1, 2),
+            _expand_heads(u, heads).transpose(1, 2), is_causal=True, scale=self.scale,
+        ).transpose(1, 2)
         return self.out(o)
 
     def step(self, x_BD: torch.Tensor, cache: KUCache | None = None
