@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -246,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         table.add_column(header, justify="right")
     for cells in format_rows(rows):
         table.add_row(*cells)
-    Console().print(table)
+    # piped output gets rich's 80 columns, which truncates every number of this wide table
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
     return 0
 
 
