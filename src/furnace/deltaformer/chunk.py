@@ -166,10 +166,10 @@ def deltaformer_u(
 ) -> torch.Tensor:
     """The u-stage alone: U = (I + diag(beta) P1)^-1 diag(alpha) V, chunked, custom backward.
 
-    For layers whose read-out is not one causal SDPA over the same heads: grouped heads
-    (U per key-value head, read by every query head of the group) and DeltaNet (a linear
-    read). Shapes and defaults as `deltaformer_chunk`, whose kappa1_scale default for
-    softmax is 1/sqrt(D); returns U [B, T, H, Dv].
+    For layers that read U out themselves: `DeltaFormerAttention` (a u-stage per kappa1 group
+    of heads, U shared by the query heads of a key-value group, one SDPA for all heads) and
+    DeltaNet (a linear read). Shapes and defaults as `deltaformer_chunk` (kappa1_scale for
+    softmax defaults to 1/sqrt(D)); returns U [B, T, H, Dv].
     """
     validate_inputs(k, k, v, w, beta, alpha, kappa1)
     _check_chunk_size(chunk_size)
