@@ -331,7 +331,29 @@ def _fp64_range_ok(*arrays) -> bool:
 
 
 @dataclass(frozen=True)
-class _Ozaki1Type(EmulatedType):
+class _OzakiType(EmulatedType):
+    """What both Ozaki schemes share: float64 operands on an int8 matrix unit, any finite data
+    (accuracy, not correctness, degrades with the exponent spread per row)."""
+
+    bound_kind: ClassVar[str] = "operand-normwise"
+
+    def fits_range(self, *arrays) -> bool:
+        return _fp64_range_ok(*arrays)
+
+    def gemm(self, A, B, dsa: DSA) -> np.ndarray:
+        A64, B64 = _float_operands(A, B, self.name, np.float64)
+        self._require_native(dsa)
+        if A64.shape[1] == 0:
+            return np.zeros((A64.shape[0], B64.shape[1]), dtype=np.float64)
+        return self._int8_gemm(A64, B64, dsa)
+
+    def _int8_gemm(self, A64: np.ndarray, B64: np.ndarray, dsa: DSA) -> np.ndarray:
+        """The scheme itself, for checked float64 operands with k >= 1."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _Ozaki1Type(_OzakiType):
     """Ozaki scheme I: s int8 slices of beta(k) bits, the s(s+1)/2 pairs with i+j <= s+1.
 
     Slice pairs of one level are summed exactly in int64 (each product is exact int32);
@@ -341,19 +363,10 @@ class _Ozaki1Type(EmulatedType):
     """
 
     slices: int = 8
-    bound_kind: ClassVar[str] = "operand-normwise"
 
-    def fits_range(self, *arrays) -> bool:
-        # any finite data; accuracy (not correctness) degrades with exponent spread per row
-        return _fp64_range_ok(*arrays)
-
-    def gemm(self, A, B, dsa: DSA) -> np.ndarray:
-        A64, B64 = _float_operands(A, B, self.name, np.float64)
-        self._require_native(dsa)
+    def _int8_gemm(self, A64, B64, dsa: DSA) -> np.ndarray:
         m, k = A64.shape
         n = B64.shape[1]
-        if k == 0:
-            return np.zeros((m, n), dtype=np.float64)
         s = self.slices
         beta = splits.ozaki1_beta(k)
         sa = splits.ozaki_slices(A64, s, beta, axis=1)
@@ -389,7 +402,7 @@ class _Ozaki1Type(EmulatedType):
 
 
 @dataclass(frozen=True)
-class _Ozaki2Type(EmulatedType):
+class _Ozaki2Type(_OzakiType):
     """Ozaki scheme II: scale to integers, N int8 residue GEMMs, Garner CRT, unscale.
 
     The CRT is exact because the GEMMul8 fast-mode scaling keeps |A'B'| < P/2; Garner's
@@ -399,18 +412,9 @@ class _Ozaki2Type(EmulatedType):
     """
 
     moduli: int = 16
-    bound_kind: ClassVar[str] = "operand-normwise"
 
-    def fits_range(self, *arrays) -> bool:
-        return _fp64_range_ok(*arrays)
-
-    def gemm(self, A, B, dsa: DSA) -> np.ndarray:
-        A64, B64 = _float_operands(A, B, self.name, np.float64)
-        self._require_native(dsa)
-        m, k = A64.shape
-        n = B64.shape[1]
-        if k == 0:
-            return np.zeros((m, n), dtype=np.float64)
+    def _int8_gemm(self, A64, B64, dsa: DSA) -> np.ndarray:
+        m, n = A64.shape[0], B64.shape[1]
         N = self.moduli
         mods = splits.crt_moduli(N)
         sa, sb = splits.ozaki2_scaling(A64, B64, N)
