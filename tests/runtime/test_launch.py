@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from furnace.runtime.launch import DistributedError, run_distributed
+from furnace.runtime.launch import DistributedError, run_distributed, torch_threads
 
 
 def _rank_info(rank: int, world_size: int, scale: int) -> tuple:
@@ -143,3 +143,12 @@ def test_torchrun_selfcheck():
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "selfcheck: ok (10 ops per rank, 2 ranks, gloo)" in out.stdout
+
+
+def test_torch_threads_sets_the_count_and_restores_it_after_an_error():
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="inside"):
+        with torch_threads(1):
+            assert torch.get_num_threads() == 1
+            raise RuntimeError("inside")
+    assert torch.get_num_threads() == before

@@ -27,6 +27,7 @@ from statistics import mean
 
 import torch
 
+from furnace.runtime.launch import torch_threads
 from furnace.runtime.reproduce import Claim, Experiment, Result, RunContext, Table
 
 from .bench import bench_kernels
@@ -157,12 +158,8 @@ def swap(ctx: RunContext) -> Result:
 def kernels(ctx: RunContext) -> Result:
     lengths = (256, 1024) if ctx.quick else (128, 256, 512, 1024)
     ctx.progress(f"T in {lengths}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         rows = bench_kernels(lengths, include_naive_up_to=1024)
-    finally:
-        torch.set_num_threads(before)
     table = Table(title="DeltaFormer kernels, B=1 H=4 D=64 C=64 kappa1 softmax, 1 thread",
                   columns=["T", "naive f+b ms", "chunk f+b ms", "SDPA f+b ms", "naive/chunk",
                            "chunk/SDPA", "naive peak MiB", "chunk peak MiB", "SDPA peak MiB",

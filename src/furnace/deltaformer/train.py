@@ -16,7 +16,6 @@ resumed from one ends with exactly the losses of an uninterrupted run.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import multiprocessing as mp
@@ -30,6 +29,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from furnace.runtime.launch import torch_threads
 
 from .model import LMConfig, SequenceModel
 from .tasks import TASKS, get_task
@@ -308,25 +309,16 @@ def train(config: TrainConfig, progress: Any = None, *, resume: bool = False,
         if config.task == LM_TASK:
             result.val_loss = _evaluate_lm(model, batches)
         else:
-            result.token_acc, result.last_acc = _evaluate_task(model, config, config.length)
-            result.last_acc_at = {n: _evaluate_task(model, config, n)[1]
-                                  for n in config.eval_lengths}
+            accuracy = {n: _evaluate_task(model, config, n)
+                        for n in dict.fromkeys((config.length, *config.eval_lengths))}
+            result.token_acc, result.last_acc = accuracy[config.length]
+            result.last_acc_at = {n: accuracy[n][1] for n in config.eval_lengths}
     result.seconds = time.perf_counter() - started
     return result
 
 
-@contextlib.contextmanager
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def _train_one_thread(config: TrainConfig) -> TrainResult:
-    with _one_thread():
+    with torch_threads(1):
         return train(config)
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from .launch import torch_threads
+
 DEFAULT_PATH = Path.home() / ".cache" / "furnace" / "calibration.json"
 
 
@@ -91,16 +93,13 @@ def measure(*, quick: bool = False, with_link: bool = True) -> dict[str, Any]:
     """Run the micro-benchmarks and return a calibration record."""
     repeats = 3 if quick else 7
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         per_thread = {
             "float32": matmul_flops(torch.float32, repeats=repeats),
             "float64": matmul_flops(torch.float64, repeats=repeats),
             "bfloat16": matmul_flops(torch.bfloat16, repeats=repeats),
         }
         bandwidth = memory_bandwidth(repeats=repeats)
-    finally:
-        torch.set_num_threads(threads)
     record: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "cpu_name": cpu_name(),

@@ -12,6 +12,7 @@ available, gloo otherwise).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import multiprocessing as mp
 import os
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -39,7 +40,19 @@ __all__ = [
     "init_from_env",
     "is_torchrun",
     "run_distributed",
+    "torch_threads",
 ]
+
+
+@contextlib.contextmanager
+def torch_threads(num_threads: int) -> Iterator[None]:
+    """Run the block with ``num_threads`` torch intra-op threads, then restore the count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class DistributedError(RuntimeError):
