@@ -148,11 +148,6 @@ class _DeltaformerU(torch.autograd.Function):
         return grad_w, grad_k, grad_v, grad_beta, grad_alpha, None, None, None
 
 
-def _check_chunk_size(chunk_size: int) -> None:
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-
-
 def deltaformer_u(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -172,7 +167,8 @@ def deltaformer_u(
     softmax defaults to 1/sqrt(D)); returns U [B, T, H, Dv].
     """
     validate_inputs(k, k, v, w, beta, alpha, kappa1)
-    _check_chunk_size(chunk_size)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     if kappa1_scale is None:
         kappa1_scale = default_kappa1_scale(kappa1, 1.0 / math.sqrt(k.shape[-1]))
     if alpha is None:
