@@ -33,7 +33,7 @@ def tiny(monkeypatch):
 def test_full_set_tables_and_reuse_of_runs(tiny, tmp_path):
     ctx = RunContext(out_dir=tmp_path, quick=False)
     tracking = ex.parity_modarith(ctx)
-    assert len(tracking.tables[0].rows) == 6  # 2 tasks x (DeltaFormer + 2 Transformers)
+    assert len(tracking.tables[0].rows) == 8  # 2 tasks x (DeltaFormer + 3 Transformers)
     assert all(0 <= row[6] <= 1 for row in tracking.tables[0].rows)  # accuracy at T=64
     lm = ex.lm(ctx)
     assert len(lm.tables[0].rows) == 9 and (tmp_path / lm.figures[0]).exists()
