@@ -17,6 +17,8 @@ import sys
 from collections.abc import Sequence
 
 from . import __version__
+from .runtime.atomic import OutputError
+from .runtime.cliargs import Parser, UsageError, output_dir, positive_int
 from .runtime.reproduce import SYSTEM_NAMES, SYSTEMS
 
 
@@ -33,7 +35,7 @@ def _system_cli_modules():
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="furnace",
         description="Research systems for large-scale AI training and HPC, as tested software.",
     )
@@ -52,13 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"systems to run (default: all): {', '.join(SYSTEM_NAMES)}")
     rep.add_argument("--quick", action="store_true",
                      help="the demo set: each system's quick experiments, minutes in all")
-    rep.add_argument("--out", default="results", help="output directory (default: results)")
+    rep.add_argument("--out", default="results", type=output_dir, help="output directory")
     rep.add_argument("--list", action="store_true", help="list the experiments and exit")
     rep.add_argument("--no-progress", action="store_true", help="no progress bar")
     rep.set_defaults(func=_cmd_reproduce)
 
     check = sub.add_parser("selfcheck", help="check every collective on N local gloo ranks")
-    check.add_argument("--world-size", type=int, default=2)
+    check.add_argument("--world-size", type=positive_int, default=2)
     check.set_defaults(func=_cmd_selfcheck)
 
     topo = sub.add_parser("topology", help="show hardware presets")
@@ -71,12 +73,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; a user's mistake returns 2 with one line on stderr, no traceback."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
-    return int(args.func(args) or 0)
+    # the innermost sub-parser's prog, e.g. "furnace moe bench", set by the Parser class
+    prog = getattr(args, "_prog", parser.prog)
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OutputError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

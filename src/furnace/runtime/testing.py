@@ -2,7 +2,9 @@
 
 `assert_close` compares a fast path against its reference with a relative error
 (the norm of the difference over the norm of the reference, as flash-linear-attention's
-``assert_close``), so one tolerance means the same thing for every tensor size.
+``assert_close``), so one tolerance means the same thing for every tensor size. The
+denominator has an absolute floor (``scale``) tied to the inputs, so a reference that is
+exactly zero, such as a gradient a path never reads, cannot make the ratio blow up.
 `run_distributed` (from `launch`) is the multi-rank harness.
 """
 
@@ -15,7 +17,7 @@ import torch
 
 from .launch import run_distributed
 
-__all__ = ["assert_close", "relative_error", "run_distributed", "seed_all", "start_vector"]
+__all__ = ["assert_close", "max_relative_error", "relative_error", "run_distributed", "seed_all", "start_vector"]
 
 
 def seed_all(seed: int = 42) -> None:
@@ -34,22 +36,51 @@ def start_vector(matrix, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(matrix.shape[0])
 
 
-def relative_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
-    """||actual - reference|| / ||reference|| in float64 (absolute error if the reference is 0)."""
+def relative_error(reference: torch.Tensor, actual: torch.Tensor,
+                   scale: float | None = None) -> float:
+    """||actual - reference|| / max(||reference||, scale) in float64.
+
+    ``scale`` is an absolute floor tied to the inputs' magnitude (for a gradient, the norm
+    of the output or of the inputs it flows from). It matters where the reference is
+    exactly zero, as a gradient that a path never reads is: rounding in the fast path
+    then gives ~1e-16 against 0, which a pure ratio turns into 1 or 1e14. Without a floor
+    a zero reference is an error, since no tolerance means anything relative to 0.
+    """
     ref = reference.detach().to(torch.float64)
     act = actual.detach().to(torch.float64)
     if ref.shape != act.shape:
         raise AssertionError(f"shape mismatch: reference {tuple(ref.shape)}, "
                              f"actual {tuple(act.shape)}")
     diff = torch.linalg.vector_norm(act - ref).item()
-    scale = torch.linalg.vector_norm(ref).item()
-    return diff / scale if scale > 0 else diff
+    denominator = max(torch.linalg.vector_norm(ref).item(), scale or 0.0)
+    if not denominator > 0:
+        raise AssertionError("the reference is zero and no scale was given: pass scale= "
+                             "(the inputs' magnitude) so the tolerance has a meaning")
+    return diff / denominator
 
 
-def assert_close(name: str, reference: torch.Tensor, actual: torch.Tensor, ratio: float) -> None:
-    """Fail unless the relative error of ``actual`` against ``reference`` is <= ``ratio``."""
+def max_relative_error(reference: torch.Tensor, actual: torch.Tensor,
+                       scale: float | None = None) -> float:
+    """max |actual - reference| / max(max |reference|, scale): the elementwise-max form."""
+    ref = reference.detach().to(torch.float64)
+    act = actual.detach().to(torch.float64)
+    if ref.shape != act.shape:
+        raise AssertionError(f"shape mismatch: reference {tuple(ref.shape)}, "
+                             f"actual {tuple(act.shape)}")
+    diff = (act - ref).abs().max().item() if ref.numel() else 0.0
+    peak = ref.abs().max().item() if ref.numel() else 0.0
+    denominator = max(peak, scale or 0.0)
+    if not denominator > 0:
+        raise AssertionError("the reference is zero and no scale was given: pass scale= "
+                             "(the inputs' magnitude) so the tolerance has a meaning")
+    return diff / denominator
+
+
+def assert_close(name: str, reference: torch.Tensor, actual: torch.Tensor, ratio: float,
+                 scale: float | None = None) -> None:
+    """Fail unless ``relative_error(reference, actual, scale) <= ratio``."""
     if not torch.isfinite(actual.detach()).all():
         raise AssertionError(f"{name}: actual has non-finite values")
-    err = relative_error(reference, actual)
+    err = relative_error(reference, actual, scale)
     if not err <= ratio:
         raise AssertionError(f"{name}: relative error {err:.3e} exceeds {ratio:.1e}")
