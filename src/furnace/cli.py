@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from . import __version__
 from .runtime.atomic import OutputError
 from .runtime.cliargs import Parser, UsageError, output_dir, positive_int
+from .runtime.launch import sigterm_exits
 from .runtime.reproduce import SYSTEM_NAMES, SYSTEMS
 
 
@@ -82,7 +83,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the innermost sub-parser's prog, e.g. "furnace moe bench", set by the Parser class
     prog = getattr(args, "_prog", parser.prog)
     try:
-        return int(args.func(args) or 0)
+        # SIGTERM (a scheduler's kill) unwinds like Ctrl-C: ranks and pools are reaped
+        with sigterm_exits():
+            return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

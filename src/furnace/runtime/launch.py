@@ -1,19 +1,32 @@
 """Process launch for multi-rank runs on one machine, and the same entry points under torchrun.
 
 `run_distributed` is the harness every distributed test and benchmark uses (the pattern of
-torchrec's `MultiProcessTestBase`, `shared/design/style.md` 2.5): spawned processes, a fresh
-free port, one process group per run, torn down in every case. A failure in any rank is
-raised in the parent with that rank's traceback; a rank that hangs is killed at the
-timeout, and the error names it and shows where every live rank was stuck.
+torchrec's `MultiProcessTestBase`, `shared/design/style.md` 2.5): spawned processes, one
+process group per run, torn down after a barrier in every case. A failure in any rank is
+raised in the parent with that rank's traceback. Three bounds keep a run from hanging:
+
+- every collective has a timeout (``collective_timeout_s``, passed to the process group);
+- each rank sends a heartbeat from a thread, so a rank that stops (SIGSTOP, a debugger, a
+  swapped-out machine) is named by the parent within ``liveness_timeout_s``;
+- the whole job has a deadline (``timeout_s``), after which the error shows each rank's stack.
+
+SIGTERM to the parent (what a scheduler's plain ``kill`` sends) is handled like Ctrl-C: the
+ranks are stopped and reaped and the parent exits 143; each rank also dies with its parent
+(``PR_SET_PDEATHSIG``), so no rank outlives it. Local runs listen on loopback only: the
+rendezvous store is bound to 127.0.0.1 and gloo to the loopback interface. Binding wider
+(``bind_address``) is an explicit option, and the store has no authentication.
 
 `init_from_env` makes the same code run unchanged under ``torchrun`` (NCCL when CUDA is
-available, gloo otherwise).
+available, gloo otherwise); used as ``with init_from_env() as ctx:`` it destroys the group
+after a barrier when the block ends, normally or by an exception.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import faulthandler
+import ipaddress
 import multiprocessing as mp
 import os
 import pickle
@@ -22,10 +35,11 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,8 +54,15 @@ __all__ = [
     "init_from_env",
     "is_torchrun",
     "run_distributed",
+    "sigterm_exits",
     "torch_threads",
 ]
+
+LOOPBACK = "127.0.0.1"
+# a rank's heartbeat thread writes this often; the parent allows liveness_timeout_s of silence
+HEARTBEAT_PERIOD_S = 0.5
+# on the error path a barrier must not wait long: the peers may be the ones that failed
+ERROR_BARRIER_TIMEOUT_S = 5.0
 
 
 @contextlib.contextmanager
@@ -60,7 +81,8 @@ class DistributedError(RuntimeError):
 
     Attributes:
         ranks: the ranks that failed (or were still running at the timeout).
-        kind: "exception", "exit" (the process died without a Python error) or "timeout".
+        kind: "exception", "exit" (the process died without a Python error), "stuck" (no
+            heartbeat within the liveness bound: stopped or frozen) or "timeout".
     """
 
     def __init__(self, message: str, *, ranks: list[int], kind: str) -> None:
@@ -72,19 +94,99 @@ class DistributedError(RuntimeError):
 def find_free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((LOOPBACK, 0))
         return sock.getsockname()[1]
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_interface() -> str:
+    """The name of the loopback interface, for gloo's GLOO_SOCKET_IFNAME."""
+    names = [name for _, name in socket.if_nameindex()]
+    for candidate in ("lo", "lo0"):
+        if candidate in names:
+            return candidate
+    return "lo"
+
+
+def _bind_gloo(host: str) -> None:
+    # gloo otherwise binds to whatever the hostname resolves to, often a public address
+    if _is_loopback(host) and "GLOO_SOCKET_IFNAME" not in os.environ:
+        os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()
+
+
+def _listening_store(host: str, world_size: int, timeout: timedelta) -> dist.TCPStore:
+    """A TCPStore server on ``host`` only (torch's own binds to every interface).
+
+    Binding the socket here and handing torch its descriptor also removes the race between
+    probing a free port and binding it.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, 0))
+        sock.listen(max(64, 2 * world_size))
+        port = sock.getsockname()[1]
+        store = dist.TCPStore(host, port, world_size, True, timeout, wait_for_workers=False,
+                              master_listen_fd=sock.fileno(), use_libuv=True)
+    except BaseException:
+        sock.close()
+        raise
+    # the store owns a duplicate of the descriptor; ours can go
+    sock.detach()
+    return store
+
+
+def _barrier_then_destroy(timeout_s: float) -> None:
+    """End a process group: a barrier bounded by ``timeout_s`` (naming a missing rank on
+    gloo), then destroy it. Failures of the barrier are swallowed, since this runs on the
+    error path too, where the caller's own exception is the one to report."""
+    if not dist.is_initialized():
+        return
+    try:
+        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+        else:
+            dist.barrier()
+    except Exception:
+        pass
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
 
 
 @dataclass(frozen=True)
 class DistributedContext:
-    """What an entry point needs to know about its process group."""
+    """What an entry point needs to know about its process group.
+
+    Used as a context manager (``with init_from_env() as ctx:``) it ends the group on leaving
+    the block: a barrier, then ``destroy_process_group``, on success and on error. A group
+    that was already initialised when `init_from_env` was called is left to its owner.
+    """
 
     rank: int
     world_size: int
     local_rank: int
     backend: str
     device: torch.device
+    owns_group: bool = field(default=False, compare=False)
+    timeout_s: float = field(default=300.0, compare=False)
+
+    def __enter__(self) -> DistributedContext:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.owns_group:
+            _barrier_then_destroy(ERROR_BARRIER_TIMEOUT_S if exc_type else self.timeout_s)
 
 
 def is_torchrun() -> bool:
@@ -96,17 +198,22 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
     """Join the process group described by torchrun's environment.
 
     Picks NCCL (one GPU per local rank) when CUDA is available and gloo otherwise. Without
-    a launcher's environment it starts a one-rank gloo group, so a script written for
-    torchrun also runs as a plain ``python`` command.
+    a launcher's environment it starts a one-rank gloo group on loopback, so a script
+    written for torchrun also runs as a plain ``python`` command. ``timeout_s`` bounds every
+    collective. Use the result as a context manager to destroy the group after a barrier.
     """
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if dist.is_initialized():
         rank, world_size = dist.get_rank(), dist.get_world_size()
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         backend = dist.get_backend()
         device = _device_for(backend, local_rank)
-        return DistributedContext(rank, world_size, local_rank, backend, device)
+        return DistributedContext(rank, world_size, local_rank, backend, device,
+                                  owns_group=False, timeout_s=timeout_s)
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if is_torchrun():
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
@@ -114,18 +221,45 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
         device = _device_for(backend, local_rank)
         if device.type == "cuda":
             torch.cuda.set_device(device)
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+        if backend == "gloo":
+            _bind_gloo(os.environ.get("MASTER_ADDR", ""))
+        dist.init_process_group(backend, timeout=timeout)
     else:
         rank, world_size, local_rank = 0, 1, 0
         device = _device_for(backend, 0)
-        dist.init_process_group(
-            backend,
-            init_method=f"tcp://127.0.0.1:{find_free_port()}",
-            rank=0,
-            world_size=1,
-            timeout=timedelta(seconds=timeout_s),
-        )
-    return DistributedContext(rank, world_size, local_rank, backend, device)
+        if backend == "gloo":
+            _bind_gloo(LOOPBACK)
+        store = _listening_store(LOOPBACK, 1, timeout)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
+    return DistributedContext(rank, world_size, local_rank, backend, device,
+                              owns_group=True, timeout_s=timeout_s)
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``SystemExit(143)`` instead of killing the process.
+
+    So ``finally`` blocks run: `run_distributed` stops and reaps its ranks, a process pool
+    terminates its workers, a partial output is removed. Only the main thread can install
+    a signal handler; elsewhere, and where a handler other than the default one is already
+    installed, the block runs unchanged.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous not in (signal.SIG_DFL, None):
+        yield
+        return
+
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _device_for(backend: str, local_rank: int) -> torch.device:
@@ -141,13 +275,17 @@ def run_distributed(
     backend: str = "gloo",
     timeout_s: float = 120.0,
     num_threads: int | None = 1,
+    collective_timeout_s: float | None = None,
+    liveness_timeout_s: float = 30.0,
+    bind_address: str = LOOPBACK,
     **kwargs: Any,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args, **kwargs)`` in ``world_size`` spawned processes.
 
-    Each process joins one process group (``backend`` on a fresh 127.0.0.1 port), runs
-    ``fn`` and destroys the group whatever happens. ``fn`` must be importable (a
-    module-level function) and its arguments and return value picklable.
+    Each process joins one process group (``backend``, rendezvous through a store that the
+    parent serves on ``bind_address``), runs ``fn``, and ends the group after a barrier
+    whatever happens. ``fn`` must be importable (a module-level function) and its arguments
+    and return value picklable.
 
     Args:
         fn: the per-rank body.
@@ -157,61 +295,98 @@ def run_distributed(
             killed and the error shows where each was stuck.
         num_threads: intra-op threads per rank; 1 keeps 4 ranks on a 2-core laptop
             from fighting over cores. None leaves torch's default.
+        collective_timeout_s: the process group's timeout, which bounds every collective
+            (default: ``timeout_s``).
+        liveness_timeout_s: a rank whose heartbeat is silent this long (stopped, frozen)
+            is named in the error and the job is ended.
+        bind_address: where the rendezvous store and gloo listen. The default, loopback,
+            keeps a local run unreachable from other hosts; any other address exposes an
+            unauthenticated store to the network, so only pass one on a trusted network.
 
     Returns:
         The return values of ``fn``, indexed by rank.
 
     Raises:
-        DistributedError: a rank raised (its traceback is in the message), died, or
-            did not finish within ``timeout_s``.
+        DistributedError: a rank raised (its traceback is in the message), died, stopped
+            responding, or did not finish within ``timeout_s``.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    for attempt in range(3):
-        try:
-            return _run_once(fn, world_size, args, kwargs, backend, timeout_s, num_threads)
-        except _PortTaken:
-            # another process took the port between probing and binding it; try a new one
-            if attempt == 2:
-                raise DistributedError(
-                    "could not bind a free port for the rendezvous after 3 tries",
-                    ranks=[0],
-                    kind="exception",
-                ) from None
-    raise AssertionError("unreachable")
+    if collective_timeout_s is not None and collective_timeout_s <= 0:
+        raise ValueError(f"collective_timeout_s must be > 0, got {collective_timeout_s}")
+    if liveness_timeout_s <= 0:
+        raise ValueError(f"liveness_timeout_s must be > 0, got {liveness_timeout_s}")
+    with sigterm_exits():
+        return _run_once(fn, world_size, args, kwargs, backend, timeout_s, num_threads,
+                         collective_timeout_s or timeout_s, liveness_timeout_s, bind_address)
 
 
-class _PortTaken(Exception):
-    pass
-
-
-def _run_once(fn, world_size, args, kwargs, backend, timeout_s, num_threads) -> list[Any]:
+def _run_once(fn, world_size, args, kwargs, backend, timeout_s, num_threads,
+              collective_timeout_s, liveness_timeout_s, bind_address) -> list[Any]:
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
-    port = find_free_port()
+    # monotonic seconds of each rank's last heartbeat; 0 until its first one
+    heartbeats = ctx.Array("d", world_size, lock=False)
+    collective_timeout = timedelta(seconds=max(collective_timeout_s, 1.0))
+    store = _listening_store(bind_address, world_size, collective_timeout)
     with tempfile.TemporaryDirectory(prefix="furnace-launch-") as stack_dir:
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(fn, rank, world_size, args, kwargs, backend, port, timeout_s,
-                      num_threads, results, stack_dir),
+                args=(fn, rank, world_size, args, kwargs, backend, bind_address, store.port,
+                      collective_timeout, num_threads, results, stack_dir, heartbeats,
+                      os.getpid()),
                 name=f"furnace-rank-{rank}",
             )
             for rank in range(world_size)
         ]
-        for proc in procs:
-            proc.start()
         try:
-            return _collect(procs, results, world_size, timeout_s, Path(stack_dir))
+            for proc in procs:
+                proc.start()
+            return _collect(procs, results, world_size, timeout_s, liveness_timeout_s,
+                            heartbeats, Path(stack_dir))
         finally:
             _reap(procs)
             results.close()
             results.join_thread()
+            del store
 
 
-def _collect(procs, results, world_size, timeout_s, stack_dir: Path) -> list[Any]:
+def _process_state(pid: int | None) -> str:
+    """The kernel's one-letter state of a process (R, S, D, T stopped, t traced, Z), or ?."""
+    if pid is None:
+        return "?"
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "?"
+    # the command name in parentheses may contain spaces; the state follows the last ')'
+    return stat.rsplit(")", 1)[-1].split()[0]
+
+
+_STATE_WORDS = {"T": "stopped by a signal", "t": "stopped by a debugger",
+                "D": "in uninterruptible I/O", "Z": "a zombie"}
+
+
+def _stuck_ranks(procs, heartbeats, done, liveness_timeout_s: float) -> dict[int, str]:
+    """Ranks that started but whose heartbeat has been silent too long, with a reason."""
+    now = time.monotonic()
+    stuck = {}
+    for r, proc in enumerate(procs):
+        if r in done or not proc.is_alive() or heartbeats[r] == 0.0:
+            continue
+        silent = now - heartbeats[r]
+        if silent > liveness_timeout_s:
+            state = _process_state(proc.pid)
+            what = _STATE_WORDS.get(state, f"process state {state}")
+            stuck[r] = f"no heartbeat for {silent:.1f} s (pid {proc.pid}, {what})"
+    return stuck
+
+
+def _collect(procs, results, world_size, timeout_s, liveness_timeout_s, heartbeats,
+             stack_dir: Path) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     outputs: dict[int, Any] = {}
     errors: dict[int, str] = {}
@@ -223,12 +398,17 @@ def _collect(procs, results, world_size, timeout_s, stack_dir: Path) -> list[Any
             status = None
         if status == "ok":
             outputs[rank] = pickle.loads(payload)
-        elif status == "port":
-            raise _PortTaken()
         elif status == "error":
             errors[rank] = payload
-        dead = [r for r, p in enumerate(procs) if r not in outputs and r not in errors
+        finished = set(outputs) | set(errors)
+        dead = [r for r, p in enumerate(procs) if r not in finished
                 and not p.is_alive() and p.exitcode not in (None, 0)]
+        stuck = _stuck_ranks(procs, heartbeats, finished, liveness_timeout_s)
+        if stuck:
+            parts = [f"rank {r} of {world_size} stopped responding: {why}"
+                     for r, why in stuck.items()]
+            parts += [f"rank {r} of {world_size} raised:\n{tb}" for r, tb in errors.items()]
+            raise DistributedError("\n".join(parts), ranks=list(stuck), kind="stuck")
         if (errors or dead) and first_failure is None:
             first_failure = time.monotonic()
         # after a failure, wait a moment: the root cause may be a rank that died silently
@@ -280,10 +460,18 @@ def _own_thread_stack(text: str) -> str:
 
 
 def _reap(procs) -> None:
+    procs = [p for p in procs if p.pid is not None]  # a start that failed leaves none
+    # ranks that reported get a moment to finish their barrier and destroy their group
+    deadline = time.monotonic() + 5.0
     for proc in procs:
         if proc.is_alive():
+            proc.join(timeout=max(0.0, min(0.5, deadline - time.monotonic())))
+    for proc in procs:
+        if proc.is_alive():
+            # a stopped process would not act on SIGTERM until continued
+            with contextlib.suppress(ProcessLookupError, TypeError):
+                os.kill(proc.pid, signal.SIGCONT)
             proc.terminate()
-    deadline = time.monotonic() + 5.0
     for proc in procs:
         proc.join(timeout=max(0.0, deadline - time.monotonic()))
         if proc.is_alive():
@@ -291,27 +479,45 @@ def _reap(procs) -> None:
             proc.join(timeout=5.0)
 
 
-def _worker(fn, rank, world_size, args, kwargs, backend, port, timeout_s, num_threads,
-            results, stack_dir) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux), so a parent killed
+    by SIGKILL, which runs no handler, still leaves no rank behind."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the request was in place
+
+
+def _heartbeat(heartbeats, rank: int) -> None:
+    while True:
+        heartbeats[rank] = time.monotonic()
+        time.sleep(HEARTBEAT_PERIOD_S)
+
+
+def _worker(fn, rank, world_size, args, kwargs, backend, host, port, collective_timeout,
+            num_threads, results, stack_dir, heartbeats, parent_pid) -> None:
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    _die_with_parent(parent_pid)
+    threading.Thread(target=_heartbeat, args=(heartbeats, rank), daemon=True,
+                     name="furnace-heartbeat").start()
     if num_threads is not None:
         torch.set_num_threads(num_threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_ADDR"] = host
     os.environ["MASTER_PORT"] = str(port)
+    if backend == "gloo":
+        _bind_gloo(host)
     try:
-        dist.init_process_group(
-            backend,
-            rank=rank,
-            world_size=world_size,
-            timeout=timedelta(seconds=max(timeout_s, 1.0)),
-        )
-    except Exception as exc:
-        if "address already in use" in str(exc).lower() or "EADDRINUSE" in str(exc):
-            results.put(("port", rank, None))
-        else:
-            results.put(("error", rank, traceback.format_exc()))
+        store = dist.TCPStore(host, port, world_size, False, collective_timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=collective_timeout)
+    except Exception:
+        results.put(("error", rank, traceback.format_exc()))
         return
+    failed = False
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -320,11 +526,10 @@ def _worker(fn, rank, world_size, args, kwargs, backend, port, timeout_s, num_th
         # share their storage by file descriptor, which breaks once this process exits
         results.put(("ok", rank, pickle.dumps(out)))
     except BaseException:
+        failed = True
         results.put(("error", rank, traceback.format_exc()))
     finally:
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
+        _barrier_then_destroy(ERROR_BARRIER_TIMEOUT_S if failed
+                              else collective_timeout.total_seconds())
         sys.stdout.flush()
         sys.stderr.flush()

@@ -97,20 +97,20 @@ def _rank_main(rank: int, world_size: int) -> list[str]:
 
 
 def main() -> int:
-    ctx = init_from_env()
-    comm = Communicator(name="world")
-    failures = check_collectives(comm, ctx.device)
-    merged = comm.log.gather()
-    all_failures: list = [None] * ctx.world_size
-    dist.all_gather_object(all_failures, failures)
-    flat = [f for part in all_failures for f in part]
-    if ctx.rank == 0:
-        merged.print(f"selfcheck: {ctx.world_size} ranks, backend {ctx.backend}")
-        if flat:
-            print("\n".join(flat))
-        print(f"selfcheck: {'FAILED' if flat else 'ok'} "
-              f"({len(comm.log)} ops per rank, {ctx.world_size} ranks, {ctx.backend})")
-    dist.destroy_process_group()
+    # the with-block ends the group after a barrier on every path, so no rank aborts at exit
+    with init_from_env() as ctx:
+        comm = Communicator(name="world")
+        failures = check_collectives(comm, ctx.device)
+        merged = comm.log.gather()
+        all_failures: list = [None] * ctx.world_size
+        dist.all_gather_object(all_failures, failures)
+        flat = [f for part in all_failures for f in part]
+        if ctx.rank == 0:
+            merged.print(f"selfcheck: {ctx.world_size} ranks, backend {ctx.backend}")
+            if flat:
+                print("\n".join(flat))
+            print(f"selfcheck: {'FAILED' if flat else 'ok'} "
+                  f"({len(comm.log)} ops per rank, {ctx.world_size} ranks, {ctx.backend})")
     return 1 if flat else 0
 
 
