@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from .runtime.atomic import OutputError
-from .runtime.cliargs import Parser, UsageError, output_dir, positive_int
+from .runtime.cliargs import Parser, UsageError, int_in, output_dir
 from .runtime.launch import sigterm_exits
 from .runtime.reproduce import SYSTEM_NAMES, SYSTEMS
 
@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.set_defaults(func=_cmd_reproduce)
 
     check = sub.add_parser("selfcheck", help="check every collective on N local gloo ranks")
-    check.add_argument("--world-size", type=positive_int, default=2)
+    check.add_argument("--world-size", type=int_in(1, 64), default=2,
+                       help="number of local gloo ranks")
     check.set_defaults(func=_cmd_selfcheck)
 
     topo = sub.add_parser("topology", help="show hardware presets")
@@ -172,9 +173,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     unknown = [s for s in args.systems if s not in SYSTEM_NAMES]
     if unknown:
-        print(f"furnace reproduce: unknown system(s) {unknown}; known: {', '.join(SYSTEM_NAMES)}",
-              file=sys.stderr)
-        return 2
+        raise UsageError("SYSTEM", f"unknown system(s) {', '.join(unknown)}; "
+                         f"known: {', '.join(SYSTEM_NAMES)}")
     console = Console()
     if args.list:
         experiments, missing = reproduce.select(args.systems, quick=args.quick)
@@ -184,8 +184,14 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         for system in missing:
             console.print(f"{system}: {reproduce.missing_reason(system)}")
         return 0
-    outcomes = reproduce.run(args.systems, quick=args.quick, out_dir=args.out,
-                             show_progress=not args.no_progress)
+    write_error = None
+    try:
+        outcomes = reproduce.run(args.systems, quick=args.quick, out_dir=args.out,
+                                 show_progress=not args.no_progress)
+    except OutputError as exc:
+        if not hasattr(exc, "outcomes"):
+            raise
+        write_error, outcomes = exc, exc.outcomes
     failed = [o for o in outcomes if o.error is not None]
     titles = dict(SYSTEMS)
     for o in outcomes:
@@ -202,6 +208,10 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     for system in missing:
         console.print(f"skipped {system} ({titles[system]}): "
                       f"{reproduce.missing_reason(system)}")
+    if write_error is not None:
+        print(f"furnace reproduce: error: {write_error}; the previous report in {args.out} "
+              "is kept, this run's results are printed above", file=sys.stderr)
+        return 1
     console.print(f"report: {args.out}/report.md")
     return 1 if failed else 0
 
@@ -210,9 +220,6 @@ def _cmd_selfcheck(args: argparse.Namespace) -> int:
     from .runtime.launch import run_distributed
     from .runtime.selfcheck import _rank_main
 
-    if args.world_size < 1:
-        print("furnace selfcheck: --world-size must be >= 1", file=sys.stderr)
-        return 2
     failures = run_distributed(_rank_main, args.world_size, timeout_s=120)
     flat = [f for part in failures for f in part]
     print("\n".join(flat) if flat else f"selfcheck: ok ({args.world_size} gloo ranks, every op "
@@ -228,8 +235,7 @@ def _cmd_topology(args: argparse.Namespace) -> int:
         for name in names:
             print(get_preset(name).describe())
     except ValueError as exc:
-        print(f"furnace topology: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError("PRESET", str(exc)) from None
     return 0
 
 

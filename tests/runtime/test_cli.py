@@ -46,4 +46,6 @@ def test_topology_command(capsys):
 def test_selfcheck_command(capsys):
     assert main(["selfcheck", "--world-size", "3"]) == 0
     assert "selfcheck: ok (3 gloo ranks" in capsys.readouterr().out
-    assert main(["selfcheck", "--world-size", "0"]) == 2
+    with pytest.raises(SystemExit) as info:
+        main(["selfcheck", "--world-size", "0"])
+    assert info.value.code == 2

@@ -93,3 +93,80 @@ def test_report_lists_systems_not_built(tmp_path, monkeypatch):
     assert "| hybrid | - | not built yet | - |" in report
     assert "| moe | - | no experiments registered yet | - |" in report
     assert "## Skipped" in report and "`hybrid` (not built yet)" in report
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 512 KiB tmpfs: a real "No space left on device" for the fault tests (needs root,
+    as CI and the development machines have)."""
+    import os
+    import subprocess
+
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)],
+            capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def _fill_disk(folder) -> None:
+    import os
+
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"x" * 65536)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_mid_run_keeps_the_previous_report(small_disk, monkeypatch, capsys):
+    from furnace.cli import main
+
+    first = Experiment("runtime", "tiny", "tiny", _tiny)
+    monkeypatch.setattr(reproduce, "select", lambda systems, quick: ([first], []))
+    assert main(["reproduce", "--out", str(small_disk), "--no-progress"]) == 0
+    before = {p.name: p.read_bytes() for p in small_disk.iterdir()}
+    assert {"report.md", "results.json", "tiny_squares.png"} <= set(before)
+    capsys.readouterr()
+
+    def fills_the_disk(ctx: RunContext) -> Result:
+        _fill_disk(ctx.out_dir)
+        return Result(notes=["n" * 200_000], data={"big": list(range(50_000))})
+
+    second = Experiment("runtime", "tiny", "tiny", fills_the_disk)
+    monkeypatch.setattr(reproduce, "select", lambda systems, quick: ([second], []))
+    code = main(["reproduce", "--out", str(small_disk), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "No space left on device" in lines[0], err
+    assert "Traceback" not in out + err
+    # the new run's outcome is still shown to the user
+    assert "ok runtime/tiny" in out
+    after = {p.name: p.read_bytes() for p in small_disk.iterdir() if p.name != "filler"}
+    assert after == before, "previous outputs changed, or a temporary file was left"
+    json.loads(after["results.json"])
+
+
+def test_an_unwritable_output_folder_is_refused_before_any_experiment(tmp_path):
+    ran = []
+
+    def records(ctx: RunContext) -> Result:
+        ran.append(True)
+        return Result()
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match="not a folder"):
+        reproduce.run(experiments=[Experiment("runtime", "r", "r", records)],
+                      out_dir=blocker, show_progress=False)
+    assert not ran

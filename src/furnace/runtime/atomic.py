@@ -21,6 +21,7 @@ __all__ = [
     "atomic_open",
     "atomic_save",
     "atomic_write_bytes",
+    "atomic_write_many",
     "atomic_write_text",
     "check_writable_dir",
     "check_writable_file",
@@ -87,6 +88,43 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_open(path, "wb") as f:
         f.write(data)
     return Path(path)
+
+
+def atomic_write_many(files: dict[str | os.PathLike, bytes | str]) -> list[Path]:
+    """Write several files so that either all are replaced or none is.
+
+    Every temporary file is written and fsynced first; only when all of them are on disk
+    are they renamed over their destinations. A report and its data thus never disagree
+    because the disk filled up between the two.
+    """
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, content in files.items():
+            dest = Path(path)
+            folder = dest.parent if str(dest.parent) else Path(".")
+            try:
+                fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp",
+                                                dir=folder)
+            except OSError as exc:
+                raise OutputError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+            staged.append((Path(tmp_name), dest))
+            data = content.encode("utf-8") if isinstance(content, str) else content
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as exc:
+                raise OutputError(f"cannot write {dest}: {exc.strerror or exc}") from exc
+        for tmp, dest in staged:
+            os.replace(tmp, dest)
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    for folder in {dest.parent for _, dest in staged}:
+        _fsync_dir(folder if str(folder) else Path("."))
+    return [dest for _, dest in staged]
 
 
 def atomic_save(path: str | os.PathLike, writer: Callable[[IO], Any], binary: bool = True) -> Path:

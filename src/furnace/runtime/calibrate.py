@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .atomic import atomic_write_text
 from .launch import torch_threads
 
 DEFAULT_PATH = Path.home() / ".cache" / "furnace" / "calibration.json"
@@ -124,7 +125,7 @@ def _total_memory() -> float:
 
 def save(record: dict[str, Any], path: Path = DEFAULT_PATH) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2))
+    atomic_write_text(path, json.dumps(record, indent=2))
     return path
 
 

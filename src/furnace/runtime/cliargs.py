@@ -20,11 +20,12 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from .atomic import OutputError, check_writable_file
+from .atomic import OutputError, check_writable_dir, check_writable_file
 
 __all__ = [
     "DefaultsFormatter",
@@ -86,6 +87,8 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", DefaultsFormatter)
+        # "--calib" silently meaning "--calibrate" is a surprise, not a convenience
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         # the innermost parser's value wins, so `main` knows which subcommand to name
         self.set_defaults(_prog=self.prog)
@@ -182,20 +185,27 @@ def output_file(text: str) -> Path:
 def output_dir(text: str) -> Path:
     """An argparse ``type``: a folder that exists and is writable, or can be created.
 
-    Nothing is created while parsing (``--help`` and ``--list`` must not leave folders
-    behind); the nearest existing ancestor must be a writable folder.
+    Nothing is left behind while parsing (``--help`` and ``--list`` must not create
+    folders): the nearest existing ancestor gets a probe folder, created and removed, which
+    also catches read-only and pseudo file systems that ``os.access`` does not.
     """
     path = Path(text)
     if path.exists():
         if not path.is_dir():
             raise argparse.ArgumentTypeError(f"{text} exists and is not a folder")
-        probe = path
-    else:
-        probe = path.parent
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        if not probe.is_dir():
-            raise argparse.ArgumentTypeError(f"cannot create folder {text}: {probe} is a file")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"folder {probe} is not writable")
+        try:
+            check_writable_dir(path, create=False)
+        except OutputError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        return path
+    probe = path.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create folder {text}: {probe} is a file")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".furnace-probe-", dir=probe))
+    except OSError as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot create folder {text}: {exc.strerror or exc}") from None
     return path

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .atomic import OutputError, atomic_save, atomic_write_many, check_writable_dir
+
 Kind = Literal["measured", "emulated", "virtual-clock", "simulated", "analytic"]
 KINDS: tuple[str, ...] = ("measured", "emulated", "virtual-clock", "simulated", "analytic")
 
@@ -108,8 +110,11 @@ class RunContext:
 
         path = self.out_dir / f"{name}.png"
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        plt.close(fig)
+        try:
+            atomic_save(path, lambda f: fig.savefig(f, format="png", dpi=120,
+                                                    bbox_inches="tight"))
+        finally:
+            plt.close(fig)
         return path.relative_to(self.out_dir).as_posix()
 
 
@@ -199,12 +204,15 @@ def run(
     """Run the selected experiments and write the report; returns each outcome.
 
     ``experiments`` replaces discovery (for tests and scripts); ``systems`` then only
-    orders the report.
+    orders the report. The output folder is checked writable before the first experiment.
+    ``report.md`` and ``results.json`` are replaced together or not at all: if writing them
+    fails (a full disk), the previous pair is kept and an `OutputError` is raised whose
+    ``outcomes`` attribute holds this run's results.
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # before any experiment: an unwritable folder must not cost a whole run
+    out = check_writable_dir(out_dir)
     if experiments is None:
         experiments, missing = select(systems, quick)
     else:
@@ -229,8 +237,13 @@ def run(
                                         traceback.format_exc()))
             progress.advance(bar)
     total = time.perf_counter() - started
-    write_report(outcomes, missing, out, quick=quick, total_s=total,
-                 systems=list(systems) or _ordered_systems(experiments))
+    try:
+        write_report(outcomes, missing, out, quick=quick, total_s=total,
+                     systems=list(systems) or _ordered_systems(experiments))
+    except OutputError as exc:
+        # the previous report and results are intact; the caller still gets the new ones
+        exc.outcomes = outcomes
+        raise
     return outcomes
 
 
@@ -319,7 +332,6 @@ def write_report(
         md += ["", "## Skipped", ""]
         md += [f"- `{s}` ({missing_reason(s)}): {titles.get(s, '')}" for s in missing]
     report = out / "report.md"
-    report.write_text("\n".join(md) + "\n")
     payload = {
         "environment": env,
         "quick": quick,
@@ -338,5 +350,7 @@ def write_report(
         ],
     }
     results = out / "results.json"
-    results.write_text(json.dumps(payload, indent=2, default=str))
+    # both or neither: a report saying "ok" must never sit beside truncated results
+    atomic_write_many({results: json.dumps(payload, indent=2, default=str),
+                       report: "\n".join(md) + "\n"})
     return report, results

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import atomic_write_text
+
 __all__ = ["Resource", "ScheduledTask", "Simulator", "Task", "Timeline"]
 
 # Row name for tasks that need no resource (pure delays) in traces.
@@ -577,7 +579,7 @@ class Timeline:
         if path is not None:
             out = Path(path)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(trace, indent=1) + "\n", encoding="ascii")
+            atomic_write_text(out, json.dumps(trace, indent=1) + "\n", encoding="ascii")
         return trace
 
     def summary(self) -> str:

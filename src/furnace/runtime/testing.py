@@ -17,7 +17,8 @@ import torch
 
 from .launch import run_distributed
 
-__all__ = ["assert_close", "max_relative_error", "relative_error", "run_distributed", "seed_all", "start_vector"]
+__all__ = ["assert_close", "max_relative_error", "relative_error", "run_distributed", "seed_all",
+           "start_vector"]
 
 
 def seed_all(seed: int = 42) -> None:
