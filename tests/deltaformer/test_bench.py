@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from furnace.deltaformer import bench
 from furnace.deltaformer.bench import bench_kernels, format_rows, make_inputs, peak_worker
+from furnace.runtime.launch import torch_threads
 
 TIME_KEYS = [f"{kind}_ms_{impl}" for kind in ("fwd", "fwdbwd") for impl in bench.IMPLS]
 PEAK_KEYS = [f"peak_mib_{impl}" for impl in bench.IMPLS]
@@ -46,6 +47,8 @@ def test_peak_memory_is_a_non_negative_number():
 
 
 def test_implementations_agree():
+    # float32, O(1) inputs: the three paths sum in other orders (and BLAS splits sums by
+    # thread count), ~1e-7 here; atol 1e-5 is ~100 ulps of the outputs' O(1) magnitude
     x = make_inputs(1, 24, 2, 8)
     with torch.no_grad():
         naive = bench._forward("naive", x, "softmax", 8)
@@ -71,7 +74,35 @@ def test_disagreement_raises(monkeypatch):
 
 def test_worker_and_main_run(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "300")  # rich would otherwise squeeze the headers
-    peak_worker("chunk", 1, 16, 1, 8, "softmax", 8, 1)
+    # peak_worker sets the thread count of the child it runs in; here it must not leak
+    with torch_threads(torch.get_num_threads()):
+        peak_worker("chunk", 1, 16, 1, 8, "softmax", 8, 1)
     assert bench.main(["--lengths", "16", "--heads", "1", "--dim", "8", "--chunk-size", "8",
                        "--repeats", "1", "--no-memory", "--threads", "0"]) == 0
     assert "chunk" in capsys.readouterr().out
+
+
+def test_agreement_error_is_floored_by_the_values_scale():
+    # a zero reference (zero values give a zero output) must not turn rounding into 1e22
+    v = torch.randn(1, 4, 1, 8)
+    zero = torch.zeros(1, 4, 1, 8)
+    assert bench.agreement_error(zero, zero + 1e-9, v) == pytest.approx(
+        1e-9 / v.abs().max().item(), rel=1e-6)
+    assert bench.agreement_error(zero, zero, torch.zeros_like(v)) == 0.0
+    assert bench.agreement_error(zero, zero + 1e-9, torch.zeros_like(v)) == math.inf
+    ref = torch.full((2, 3), 4.0)
+    assert bench.agreement_error(ref, ref + 0.5, torch.ones(2, 3)) == pytest.approx(0.125)
+
+
+def test_one_token_rows_report_a_finite_agreement():
+    (row,) = bench_kernels((1,), heads=1, dim=8, chunk_size=8, repeats=1, measure_memory=False)
+    assert 0 <= row["max_rel_err_chunk_vs_naive"] <= bench.AGREEMENT_TOLERANCE
+
+
+@pytest.mark.parametrize("argv", [["--lengths", "0"], ["--repeats", "0"], ["--kappa1", "exp"],
+                                  ["--json", "/no/such/folder/out.json"]])
+def test_module_main_rejects_bad_inputs_in_one_line(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and argv[0] in err

@@ -14,7 +14,9 @@ from furnace.deltaformer.naive import deltanet_naive
 from furnace.runtime.testing import max_relative_error
 
 # Max elementwise error over the reference's largest magnitude, floored at the scale the
-# inputs set (see _gradient_floor): 1e-12 is ~1e4 float64 ulps of O(1) sums over T <= 130.
+# inputs set (see _gradient_floor, _output_floor): 1e-12 is ~1e4 float64 ulps of O(1) sums
+# over T <= 130. The float32 1e-4 is ~1e3 ulps: the chunked path and the loop sum in other
+# orders, and BLAS splits its sums differently with 1 or 2 threads; both stay ~1e-6 here.
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-4}
 
 
@@ -43,6 +45,12 @@ def _relative_error(reference, candidate, floor=None):
     return max_relative_error(reference, candidate, scale=floor)
 
 
+def _output_floor(v, alpha=None):
+    """The magnitude the output is built from: o is a softmax mix of u = solve(alpha v)."""
+    scaled = v.detach() if alpha is None else alpha.detach()[..., None] * v.detach()
+    return scaled.abs().max().item()
+
+
 def _gradient_floor(output, grad_out):
     """The magnitude every input gradient is built from: |output| times |upstream gradient|.
 
@@ -67,10 +75,12 @@ def test_chunk_matches_naive_forward_and_grads(seq_len, kappa1, dtype):
     names = ("q", "k", "v", "w", "beta", "alpha")
     tol = TOLERANCE[dtype]
     floor = _gradient_floor(reference, grad_out)
+    out_floor = _output_floor(v, alpha)
     for chunk_size in sorted({1, 16, 32, seq_len}):
         out = deltaformer_chunk(q, k, v, w, beta, kappa1=kappa1, alpha=alpha, chunk_size=chunk_size)
         assert out.shape == reference.shape and out.dtype == dtype
-        assert _relative_error(reference, out) < tol, f"output, chunk_size={chunk_size}"
+        err = _relative_error(reference, out, out_floor)
+        assert err < tol, f"output, chunk_size={chunk_size}: {err:.2e}"
         grads = torch.autograd.grad(out, inputs, grad_out)
         for name, expected, got in zip(names, reference_grads, grads, strict=True):
             err = _relative_error(expected, got, floor)
@@ -147,7 +157,8 @@ def test_chunked_deltanet_equals_its_token_loop(seq_len, chunk_size):
         out = fn(q, k, v, beta)
         grads.append(torch.autograd.grad(out, (q, k, v, beta), grad))
         outs.append(out.detach())
-    assert _relative_error(outs[0], outs[1]) < 1e-12
+    # float64, the same sums in another order (chunk solve vs state updates): see TOLERANCE
+    assert _relative_error(outs[0], outs[1], _output_floor(v)) < 1e-12
     floor = _gradient_floor(outs[0], grad)
     for name, ref, got in zip("q k v beta".split(), grads[0], grads[1], strict=True):
         assert _relative_error(ref, got, floor) < 1e-12, name

@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
-from furnace.cli import main
+import pytest
+import torch
+
+from furnace.cli import build_parser, main
 from furnace.runtime.reproduce import discover
 
 
@@ -29,12 +32,55 @@ def test_a_diverged_run_exits_1_and_says_so(capsys):
 @pytest.mark.parametrize("argv", [["--task", "nope"], ["--kappa1", "bogus"],
                                   ["--heads", "3"], ["--resume"]])
 def test_bad_arguments_exit_2_with_a_message(argv, capsys):
+    # the full table is cli_bad_inputs.py (run by test_checkpoints.py and the central test)
     try:
         rc = main(["deltaformer", "train", *argv])
     except SystemExit as exc:
         rc = exc.code
+    err = capsys.readouterr().err
     assert rc == 2
-    assert "furnace deltaformer train" in capsys.readouterr().err
+    assert err.startswith("furnace deltaformer train: error: argument ") and argv[0] in err
+
+
+@pytest.mark.parametrize("command,defaults", [
+    ("train", ["(default: 1500)", "(default: 0.003)", "(default: linear)", "(default: 64)",
+               "(default: none)", "(default: False)"]),
+    ("bench", ["(default: 128 256 512 1024)", "(default: softmax)", "(default: 3)"]),
+])
+def test_help_shows_every_default(command, defaults, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["deltaformer", command, "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for default in defaults:
+        assert default in text
+    # one "(default: ...)" per option but --help (argparse drops a blank help, default too)
+    sub = build_parser()._subparsers._group_actions[0].choices["deltaformer"]
+    parser = sub._subparsers._group_actions[0].choices[command]
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert text.count("(default: ") == len(options)
+
+
+def test_train_writes_json_and_leaves_the_thread_count_alone(tmp_path, capsys):
+    out = tmp_path / "result.json"
+    threads = torch.get_num_threads()
+    rc = main(["deltaformer", "train", "--task", "parity", "--d-model", "8", "--heads", "2",
+               "--steps", "3", "--batch-size", "4", "--eval-sequences", "8", "--threads",
+               "1", "--json", str(out)])
+    assert rc == 0 and torch.get_num_threads() == threads
+    result = json.loads(out.read_text())
+    assert result["steps_done"] == 3 and len(result["losses"]) == 3
+    assert result["config"]["task"] == "parity" and 0 <= result["last_acc"] <= 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result.json"]
+
+
+def test_bench_writes_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["deltaformer", "bench", "--lengths", "8", "--heads", "1", "--dim", "4",
+                 "--chunk-size", "4", "--repeats", "1", "--no-memory", "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [row["T"] for row in payload["rows"]] == [8]
+    assert payload["settings"]["dim"] == 4 and payload["rows"][0]["fwdbwd_ms_chunk"] > 0
 
 
 def test_reproduce_discovers_the_experiments():

@@ -1,7 +1,7 @@
 """Tests for the DeltaFormer state-tracking tasks (`furnace.deltaformer.tasks`).
 
-Checks the swap task and curriculum (DeltaFormer, Xu et al., NeurIPS 2025, §4.1 / App. G.1),
-parity and modular arithmetic (Delétang et al., ICLR 2023; DeltaFormer App. D) and the S5
+Checks the swap task and curriculum (DeltaFormer, Xu et al., NeurIPS 2025, Sec. 4.1 / App. G.1),
+parity and modular arithmetic (Deletang et al., ICLR 2023; DeltaFormer App. D) and the S5
 word problem (Liu et al., ICLR 2023; Merrill et al., ICML 2024) against references written
 here independently of the module, plus determinism, ranges, chance and argument errors.
 """

@@ -1,14 +1,19 @@
-"""Tests for the DeltaFormer training loop (Xu et al., NeurIPS 2025, §4.1 swap task and the LM
-recipe of design note §7): a tiny run learns, and checkpoint + resume reproduces an
+"""Tests for the DeltaFormer training loop (Xu et al., NeurIPS 2025, Sec. 4.1 swap task and the LM
+recipe of design note Sec. 7): a tiny run learns, and checkpoint + resume reproduces an
 uninterrupted run exactly."""
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
 
 from furnace.deltaformer import TrainConfig, train
-from furnace.deltaformer.train import train_many
+from furnace.deltaformer.train import TrainDataError, train_many
+
+# the module, not the `train` function the package exports under the same name
+train_module = importlib.import_module("furnace.deltaformer.train")
 
 
 def _tiny(**kw) -> TrainConfig:
@@ -78,3 +83,33 @@ def test_train_many_in_processes_equals_training_one_by_one():
 def test_bad_config_raises(kw):
     with pytest.raises(ValueError):
         _tiny(**kw)
+
+
+@pytest.mark.parametrize("stop_at", [0, -1, 2.5, True])
+def test_bad_stop_at_raises(stop_at):
+    with pytest.raises(ValueError, match="stop_at"):
+        train(_tiny(steps=2), stop_at=stop_at)
+
+
+def test_an_lm_context_longer_than_a_split_is_refused_before_training(monkeypatch):
+    def refuse(config):
+        raise AssertionError("a model was built before the data was checked")
+
+    monkeypatch.setattr(train_module, "build_model", refuse)
+    config = TrainConfig(task="lm", mixer="attention", d_model=16, num_heads=2, length=100_000,
+                         steps=1, batch_size=1, eval_sequences=1, corpus_bytes=200_000)
+    with pytest.raises(TrainDataError, match="split .* is shorter than one window"):
+        train(config)
+
+
+def test_the_cli_reports_data_that_cannot_serve_the_config_as_a_length_error(monkeypatch,
+                                                                            capsys):
+    from furnace.cli import main
+
+    def short(config, generator):
+        raise TrainDataError("the validation split (10 bytes) is shorter than one window")
+
+    monkeypatch.setattr(train_module, "_Batches", short)
+    rc = main(["deltaformer", "train", "--task", "lm", "--length", "64", "--steps", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and "--length" in err

@@ -14,10 +14,24 @@ from .model import (
     TransformerLM,
 )
 from .naive import KAPPA1_KINDS, deltaformer_naive
-from .train import TrainConfig, TrainResult, train
+from .train import (
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    TrainConfig,
+    TrainResult,
+    train,
+)
 
 __all__ = [
     "KAPPA1_KINDS",
+    "CheckpointError",
+    "CheckpointExistsError",
+    "CheckpointMismatchError",
+    "CheckpointNotFoundError",
+    "CorruptCheckpointError",
     "DecoderBlock",
     "DeltaFormerAttention",
     "DeltaFormerLM",

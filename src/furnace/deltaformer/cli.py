@@ -1,19 +1,46 @@
 """`furnace deltaformer`: train DeltaFormer (Xu et al., NeurIPS 2025) or its same-size
-Transformer on the state-tracking tasks (paper §4.1, App. D) or the byte-level LM, and
-benchmark its kernels.
+Transformer on the state-tracking tasks (paper Sec. 4.1, App. D) or the byte-level LM, and
+benchmark its kernels (paper Sec. 3.4).
 
     furnace deltaformer train --task swap --mixer deltaformer --kappa1 linear --steps 1500
-    furnace deltaformer bench [--lengths 256 1024]
+    furnace deltaformer train --task lm --checkpoint run.pt [--resume | --overwrite]
+    furnace deltaformer bench [--lengths 256 1024] [--json bench.json]
+
+Every mistake in the arguments (a number out of range, an impossible combination, an
+unwritable output, a missing, corrupt or mismatched checkpoint) is found before any
+training and ends with exit status 2 and one line on stderr naming the argument.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import contextlib
+import json
+from typing import Any
 
-from .model import MIXERS
+from furnace.runtime.cliargs import (
+    UsageError,
+    float_in,
+    int_in,
+    nonnegative_int,
+    output_file,
+    positive_float,
+    positive_int,
+    require,
+)
+
+from . import bench
+from .model import BETA_ACTIVATIONS, MIXERS
 from .naive import KAPPA1_KINDS
 from .tasks import TASKS
+
+# the flag that sets each TrainConfig field, for messages about a checkpoint's config
+FIELD_FLAGS = {"task": "--task", "length": "--length", "mixer": "--mixer",
+               "d_model": "--d-model", "num_layers": "--layers", "num_heads": "--heads",
+               "kappa1": "--kappa1", "beta_activation": "--beta", "chunk_size": "--chunk-size",
+               "steps": "--steps", "batch_size": "--batch-size", "lr": "--lr",
+               "weight_decay": "--weight-decay", "seed": "--seed"}
+MAX_THREADS = 1024
 
 
 def _kappa1(text: str) -> str | tuple[str, ...]:
@@ -21,9 +48,21 @@ def _kappa1(text: str) -> str | tuple[str, ...]:
     names = tuple(part.strip() for part in text.split(","))
     bad = [n for n in names if n not in KAPPA1_KINDS]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown kappa1 {bad[0]!r}; known: "
-                                         f"{', '.join(KAPPA1_KINDS)}")
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(KAPPA1_KINDS)} or a "
+                                         f"comma-separated list of them, got {bad[0]!r}")
     return names[0] if len(names) == 1 else names
+
+
+def _seed(text: str) -> int:
+    # torch seeds are 64-bit; the range is spelled out because int_in would print 9.22e+18
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63 - 1], got "
+                                         f"{text!r}") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**63 - 1], got {value}")
+    return value
 
 
 def add_parser(subparsers) -> None:
@@ -33,42 +72,114 @@ def add_parser(subparsers) -> None:
     df.set_defaults(func=lambda args: (df.print_help(), 0)[1])
 
     tr = sub.add_parser("train", help="train one model and print its final metrics")
-    tr.add_argument("--task", choices=sorted(TASKS) + ["lm"], default="swap")
-    tr.add_argument("--mixer", choices=MIXERS, default="deltaformer")
+    tr.add_argument("--task", choices=sorted(TASKS) + ["lm"], default="swap",
+                    help="state-tracking task, or lm: the byte-level LM on stdlib sources")
+    tr.add_argument("--mixer", choices=MIXERS, default="deltaformer",
+                    help="sequence mixer of every block")
     tr.add_argument("--kappa1", type=_kappa1, default="linear",
-                    help="erase kernel, or comma-separated, one per head")
-    tr.add_argument("--layers", type=int, default=1)
-    tr.add_argument("--d-model", type=int, default=64)
-    tr.add_argument("--heads", type=int, default=4)
-    tr.add_argument("--steps", type=int, default=1500)
-    tr.add_argument("--batch-size", type=int, default=128)
-    tr.add_argument("--lr", type=float, default=3e-3)
-    tr.add_argument("--weight-decay", type=float, default=0.01)
-    tr.add_argument("--length", type=int, default=16)
-    tr.add_argument("--eval-sequences", type=int, default=2000)
-    tr.add_argument("--eval-lengths", type=int, nargs="+", default=[], metavar="T",
-                    help="also report last-position accuracy at these lengths (length "
-                    "generalisation)")
+                    help=f"erase kernel ({', '.join(KAPPA1_KINDS)}), or comma-separated, one "
+                    "per head")
+    tr.add_argument("--layers", type=positive_int, default=1, help="decoder blocks")
+    tr.add_argument("--d-model", type=positive_int, default=64,
+                    help="residual width; --heads must divide it")
+    tr.add_argument("--heads", type=positive_int, default=4, help="attention heads")
+    tr.add_argument("--chunk-size", type=positive_int, default=64,
+                    help="rows per triangular solve of the chunked u-stage")
+    tr.add_argument("--steps", type=positive_int, default=1500,
+                    help="optimizer steps, the OneCycle horizon")
+    tr.add_argument("--batch-size", type=positive_int, default=128, help="sequences per step")
+    tr.add_argument("--lr", type=positive_float, default=3e-3, help="OneCycle peak rate")
+    tr.add_argument("--weight-decay", type=float_in(0.0), default=0.01, help="AdamW weight decay")
+    tr.add_argument("--length", type=positive_int, default=16,
+                    help="training sequence length (the LM's context)")
+    tr.add_argument("--eval-sequences", type=positive_int, default=2000,
+                    help="fresh evaluation sequences (tasks) or validation windows (lm)")
+    tr.add_argument("--eval-lengths", type=positive_int, nargs="+", default=[], metavar="T",
+                    help="tasks only: also report last-position accuracy at these lengths "
+                    "(length generalisation)")
     tr.add_argument("--rotary", action=argparse.BooleanOptionalAction, default=True,
                     help="rotary positions (--no-rotary: none, NoPE)")
-    tr.add_argument("--beta", choices=["sigmoid", "2sigmoid"], default="sigmoid",
+    tr.add_argument("--beta", choices=BETA_ACTIVATIONS, default="sigmoid",
                     help="beta activation (2sigmoid: beta in (0, 2), can blow up)")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--threads", type=int, default=1,
+    tr.add_argument("--seed", type=_seed, default=0, help="model initialisation and data")
+    tr.add_argument("--threads", type=int_in(0, MAX_THREADS), default=1,
                     help="torch threads (0: leave the default); one is fastest on a shared "
                     "2-core box")
-    tr.add_argument("--checkpoint", help="checkpoint file")
-    tr.add_argument("--checkpoint-every", type=int, default=0)
-    tr.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    tr.add_argument("--checkpoint", type=output_file, metavar="FILE",
+                    help="checkpoint file (its folder must exist and be writable)")
+    tr.add_argument("--checkpoint-every", type=nonnegative_int, default=0,
+                    help="steps between checkpoints (0: only at the end)")
+    tr.add_argument("--resume", action="store_true",
+                    help="continue the run in --checkpoint (same settings; a larger --steps "
+                    "extends it with a second OneCycle cycle)")
+    tr.add_argument("--overwrite", action="store_true",
+                    help="replace an existing --checkpoint with a new run")
+    tr.add_argument("--json", type=output_file, metavar="FILE",
+                    help="also write the result (config, curves, metrics) as JSON")
     tr.set_defaults(func=_train)
 
-    bench = sub.add_parser("bench", help="naive vs chunk vs SDPA kernel timings")
-    bench.add_argument("--lengths", type=int, nargs="+", default=[128, 256, 512, 1024])
-    bench.add_argument("--kappa1", choices=KAPPA1_KINDS, default="softmax")
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--no-memory", action="store_true", help="skip peak-memory children")
-    bench.add_argument("--threads", type=int, default=1)
-    bench.set_defaults(func=_bench)
+    be = sub.add_parser("bench", help="naive vs chunk vs SDPA kernel timings")
+    bench.add_arguments(be)
+    be.set_defaults(func=bench.run)
+
+
+def _check_train_args(args: argparse.Namespace) -> None:
+    """Checks spanning several arguments; each names the argument to change."""
+    require(not args.resume or args.checkpoint is not None, "--resume", "needs --checkpoint FILE")
+    require(not args.overwrite or args.checkpoint is not None, "--overwrite",
+            "needs --checkpoint FILE")
+    require(not (args.resume and args.overwrite), "--overwrite",
+            "cannot be combined with --resume (resume continues the checkpoint's run, "
+            "overwrite replaces it)")
+    require(args.checkpoint_every == 0 or args.checkpoint is not None, "--checkpoint-every",
+            "needs --checkpoint FILE")
+    require(args.json is None or args.checkpoint is None
+            or args.json.resolve() != args.checkpoint.resolve(), "--json",
+            f"must differ from --checkpoint, got {args.json} for both")
+    require(args.d_model % args.heads == 0, "--heads",
+            f"must divide --d-model {args.d_model}, got {args.heads}")
+    head_width = args.d_model // args.heads
+    require(not args.rotary or head_width % 2 == 0, "--d-model",
+            f"--d-model / --heads must be even with rotary positions, got {args.d_model} / "
+            f"{args.heads} = {head_width} (change them or pass --no-rotary)")
+    require(isinstance(args.kappa1, str) or len(args.kappa1) == args.heads, "--kappa1",
+            f"must name one kernel or one per head (--heads {args.heads}), got "
+            f"{len(args.kappa1) if not isinstance(args.kappa1, str) else 1}")
+    require(not (args.eval_lengths and args.task == "lm"), "--eval-lengths",
+            "applies to the tasks, not to --task lm")
+
+
+def _show(field: str, value: Any) -> str:
+    if field == "kappa1" and isinstance(value, (list, tuple)):
+        return ",".join(value)
+    return str(value)
+
+
+def _mismatch_error(exc) -> UsageError:
+    """The library's mismatch in the CLI's words: flags, checkpoint and given values."""
+    from .train import STEPS_RULE
+
+    parts, flags = [], []
+    for field, old, new in exc.differences:
+        if field == "rotary":
+            flag = "--rotary/--no-rotary"
+            parts.append(f"{flag} {'on' if old else 'off'} (checkpoint) vs "
+                         f"{'on' if new else 'off'} (given)")
+        elif field in FIELD_FLAGS:
+            flag = FIELD_FLAGS[field]
+            parts.append(f"{flag} {_show(field, old)} (checkpoint) vs {_show(field, new)} "
+                         "(given)")
+        else:  # a TrainConfig field the CLI does not set
+            flag = "--checkpoint"
+            parts.append(f"config field {field} {old!r} (checkpoint) vs {new!r} (this CLI)")
+        flags.append(flag)
+    message = (f"the checkpoint {exc.path} was written with other settings: "
+               f"{', '.join(parts)}")
+    if any(field == "steps" for field, _, _ in exc.differences):
+        message += f"; {STEPS_RULE}"
+    message += ("; give the checkpoint's values to resume it, or --overwrite without "
+                "--resume to start a new run")
+    return UsageError(flags[0], message)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -76,30 +187,64 @@ def _train(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .train import TrainConfig, train
+    from furnace.runtime.atomic import OutputError, atomic_write_text
+    from furnace.runtime.launch import torch_threads
 
-    if args.resume and not args.checkpoint:
-        print("furnace deltaformer train: --resume needs --checkpoint", file=sys.stderr)
-        return 2
+    from .train import (
+        CheckpointError,
+        CheckpointExistsError,
+        CheckpointMismatchError,
+        TrainConfig,
+        TrainDataError,
+        prepare_checkpoint,
+        train,
+    )
+
+    _check_train_args(args)
     try:
         config = TrainConfig(task=args.task, mixer=args.mixer, kappa1=args.kappa1,
                              num_layers=args.layers, d_model=args.d_model,
-                             num_heads=args.heads, steps=args.steps, batch_size=args.batch_size,
-                             lr=args.lr, weight_decay=args.weight_decay, length=args.length,
+                             num_heads=args.heads, chunk_size=args.chunk_size,
+                             steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                             weight_decay=args.weight_decay, length=args.length,
                              eval_sequences=args.eval_sequences, seed=args.seed,
                              eval_lengths=tuple(args.eval_lengths), rotary=args.rotary,
-                             beta_activation=args.beta,
-                             checkpoint=args.checkpoint, checkpoint_every=args.checkpoint_every)
+                             beta_activation=args.beta, checkpoint=args.checkpoint,
+                             checkpoint_every=args.checkpoint_every)
     except ValueError as exc:
-        print(f"furnace deltaformer train: {exc}", file=sys.stderr)
-        return 2
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+        # every combination the config refuses is checked above with its flag; this is a
+        # last resort that still keeps the one-line contract
+        raise UsageError("", f"invalid settings: {exc}") from None
+    try:
+        state = prepare_checkpoint(config, resume=args.resume, overwrite=args.overwrite)
+    except CheckpointMismatchError as exc:
+        raise _mismatch_error(exc) from None
+    except CheckpointExistsError as exc:
+        raise UsageError("--checkpoint", f"{exc.path} exists; pass --resume to continue its "
+                         "run or --overwrite to replace it") from None
+    except CheckpointError as exc:
+        raise UsageError("--checkpoint", f"{exc.path} {exc.reason}") from None
+    except OutputError as exc:
+        raise UsageError("--checkpoint", str(exc)) from None
+
     console = Console()
-    with Progress(TextColumn("{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                  console=console) as progress:
-        result = train(config, progress, resume=args.resume)
+    if state is not None:
+        done, planned = state["step"], state["cycles"][-1]
+        console.print(f"resuming {args.checkpoint} at step {done} of {planned}")
+        if config.steps > planned:
+            console.print(f"extending the run to {config.steps} steps: steps {planned + 1}.."
+                          f"{config.steps} follow a second OneCycle cycle (a warm restart), "
+                          f"not the schedule of a fresh --steps {config.steps} run")
+    threads = torch_threads(args.threads) if args.threads > 0 else contextlib.nullcontext()
+    try:
+        with threads, Progress(TextColumn("{task.description}"), BarColumn(),
+                               TextColumn("{task.completed}/{task.total}"),
+                               TimeElapsedColumn(), console=console) as progress:
+            result = train(config, progress, resume=args.resume, overwrite=args.overwrite)
+    except TrainDataError as exc:
+        raise UsageError("--length", str(exc)) from None
+    if args.json is not None:
+        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
     if result.diverged_at is not None:
         console.print(f"{config.mixer} on {config.task} diverged: the loss was not finite at "
                       f"step {result.diverged_at}; training stopped (try kappa1 softmax, "
@@ -117,11 +262,3 @@ def _train(args: argparse.Namespace) -> int:
         for length, acc in result.last_acc_at.items():
             console.print(f"last-position accuracy at T={length}: {acc:.4f}")
     return 0
-
-
-def _bench(args: argparse.Namespace) -> int:
-    from .bench import main
-
-    argv = ["--lengths", *map(str, args.lengths), "--kappa1", args.kappa1, "--repeats",
-            str(args.repeats), "--threads", str(args.threads)]
-    return main(argv + (["--no-memory"] if args.no_memory else []))

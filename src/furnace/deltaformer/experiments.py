@@ -1,10 +1,10 @@
 """`furnace reproduce deltaformer`: DeltaFormer (Xu et al., NeurIPS 2025) against a Transformer
-of the same width, with the recipes of design note `deltaformer.md` §7 (b) and (c).
+of the same width, with the recipes of design note `deltaformer.md` Sec. 7 (b) and (c).
 
-- ``swap``: the swap task of paper §4.1 at T=16; a 1-layer DeltaFormer (linear kappa1)
+- ``swap``: the swap task of paper Sec. 4.1 at T=16; a 1-layer DeltaFormer (linear kappa1)
   tracks the state, a same-width Transformer stays near chance on the last position. The
   full set adds 2- and 4-layer Transformers and T=32.
-- ``kernels``: naive vs chunk vs SDPA speed and peak memory (paper §3.4).
+- ``kernels``: naive vs chunk vs SDPA speed and peak memory (paper Sec. 3.4).
 - ``parity_modarith`` (full set): parity and modular arithmetic (paper App. D), trained at
   T=16 and evaluated at T=16 and, for length generalisation as in the Chomsky-hierarchy
   suite, at T=64.
@@ -39,7 +39,7 @@ KAPPA1_VARIANTS: tuple[str | tuple[str, ...], ...] = ("linear", "softmax", "relu
 LONG = 64  # the length-generalisation test length for parity and modular arithmetic
 WORKERS = 2  # runs side by side; the tables' seconds say so
 
-# the note's recipes (design note §7 (b), (c)); modular arithmetic needs 3000 steps: at 1500
+# the note's recipes (design note Sec. 7 (b), (c)); modular arithmetic needs 3000 steps: at 1500
 # the 1-layer DeltaFormer reached 0.37 last-position accuracy, at 3000 it reached 0.998
 STEPS = {"swap": 1500, "parity": 1500, "modarith": 3000}
 CHANCE = {"swap": 0.2, "parity": 0.5, "modarith": 0.2}
@@ -139,7 +139,7 @@ def swap(ctx: RunContext) -> Result:
     tf_best = max(_last(r) for r in short[1:])
     result.claims += [
         Claim(what="1-layer DeltaFormer (kappa1 linear) solves swap, T=16, last position",
-              paper=">= 0.99 (issue target; paper §4.1: solved)", ours=f"{_last(df):.3f}",
+              paper=">= 0.99 (issue target; paper Sec. 4.1: solved)", ours=f"{_last(df):.3f}",
               kind="measured", source=PAPER, holds=_last(df) >= 0.99),
         Claim(what="same-width Transformers ("
               f"{', '.join(f'{r.config.num_layers}L' for r in short[1:])}), swap T=16, best "
@@ -309,7 +309,7 @@ def kappa1(ctx: RunContext) -> Result:
         f"{tf_loss:.4f} nats/byte (mean of 2 seeds). 'mix' = 2 softmax-kappa1 heads + 2 "
         "linear-kappa1 heads. Steps as in the task tables (swap, parity 1500; modarith 3000). "
         "A run stops at its first non-finite loss ('NaN at step N'): with an unnormalised "
-        "kappa1, u can grow exponentially along the sequence (design note §3.5).")
+        "kappa1, u can grow exponentially along the sequence (design note Sec. 3.5).")
     both = [k for k in solved if k in lm_ok]
     return Result(tables=[table], claims=[Claim(
         what="kappa1 variants that solve every tracking task / reach LM parity (2%) / both",

@@ -1,15 +1,15 @@
 """State-tracking tasks for DeltaFormer experiments, generated on the fly (no external data).
 
-Implements the synthetic tasks of design note `deltaformer.md` §4 and experiment (b):
+Implements the synthetic tasks of design note `deltaformer.md` Sec. 4 and experiment (b):
 
-- `SwapTask`: the swap task of DeltaFormer (Xu et al., NeurIPS 2025, §4.1 and App. G.1),
+- `SwapTask`: the swap task of DeltaFormer (Xu et al., NeurIPS 2025, Sec. 4.1 and App. G.1),
   plus its length curriculum (`curriculum`, `next_length`).
 - `ParityTask` and `ModularArithmeticTask`: the regular tasks "parity" and "modular
-  arithmetic (simple)" of the Chomsky-hierarchy suite (Delétang et al., ICLR 2023), as used
+  arithmetic (simple)" of the Chomsky-hierarchy suite (Deletang et al., ICLR 2023), as used
   in DeltaFormer App. D.
 - `S5Task`: the S5 word problem (Liu et al., "Transformers learn shortcuts to automata",
   ICLR 2023; Merrill, Petty & Sabharwal, "The Illusion of State", ICML 2024), with one
-  token per permutation as in Grazzi et al.'s setup (design note §6).
+  token per permutation as in Grazzi et al.'s setup (design note Sec. 6).
 
 Every task is a dataclass with ``vocab_size``, ``num_classes``, ``chance`` and
 ``sample(batch_size, length, generator) -> (tokens, labels)``, both ``LongTensor [B, T]``.
@@ -60,7 +60,7 @@ def _check_tokens(tokens: Sequence[int], vocab_size: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------
-# Swap task (DeltaFormer §4.1, App. G.1)
+# Swap task (DeltaFormer Sec. 4.1, App. G.1)
 # --------------------------------------------------------------------------------------
 
 
@@ -74,7 +74,7 @@ class SwapTask:
     n = 5 that is (0,1)->0, (0,2)->1, (0,3)->2, (0,4)->3, (1,2)->4, ..., (3,4)->9. Applying
     a token swaps the contents of positions i and j. The label at step t is the element at
     position 0 after the first t+1 swaps (the paper says "position 1", 1-indexed).
-    For n >= 5 this is NC¹-complete (Barrington), which is why a TC⁰ Transformer fails.
+    For n >= 5 this is NC^1-complete (Barrington), which is why a TC^0 Transformer fails.
     """
 
     num_elements: int = 5
@@ -131,7 +131,7 @@ class SwapTask:
 def curriculum(final_length: int, steps: int, start_length: int = 32) -> Iterator[tuple[int, int]]:
     """Fixed-budget version of the paper's swap-task length curriculum.
 
-    The paper (design note §4) starts at length 32 and doubles whenever accuracy reaches
+    The paper (design note Sec. 4) starts at length 32 and doubles whenever accuracy reaches
     0.99, up to 256; trained directly at 256 the model stays at chance. That rule is
     `next_length`. This helper is ours, for runs with a fixed step budget: lengths double
     from ``min(start_length, final_length)`` and the last stage is clipped to
@@ -167,7 +167,7 @@ def next_length(length: int, accuracy: float, final_length: int, threshold: floa
 
 
 # --------------------------------------------------------------------------------------
-# Chomsky-hierarchy regular tasks (Delétang et al., ICLR 2023; DeltaFormer App. D)
+# Chomsky-hierarchy regular tasks (Deletang et al., ICLR 2023; DeltaFormer App. D)
 # --------------------------------------------------------------------------------------
 
 
@@ -284,9 +284,9 @@ class S5Task:
 
     Token k is the k-th permutation of ``itertools.permutations(range(n))`` (lexicographic;
     token 0 is the identity), in one-line notation: ``p[i]`` is the image of ``i``. The
-    label at step t is the index (same table) of ``P_t = g_t ∘ g_{t-1} ∘ ... ∘ g_0``, i.e.
+    label at step t is the index (same table) of ``P_t = g_t o g_{t-1} o ... o g_0``, i.e.
     ``P_t[i] = g_t[P_{t-1}[i]]``: earlier tokens act first. ``num_elements`` is capped at 6
-    because the composition table is (n!)² entries.
+    because the composition table is (n!)^2 entries.
     """
 
     num_elements: int = 5
@@ -299,7 +299,7 @@ class S5Task:
             raise ValueError(f"num_elements must be an int in [2, 6], got {n!r}")
         perms = tuple(itertools.permutations(range(n)))
         index = {p: k for k, p in enumerate(perms)}
-        # table[g, p] = index of g ∘ p, so one lookup per step advances the whole batch
+        # table[g, p] = index of g o p, so one lookup per step advances the whole batch
         table = torch.tensor(
             [[index[tuple(g[p[i]] for i in range(n))] for p in perms] for g in perms],
             dtype=torch.long,

@@ -28,6 +28,24 @@ __all__ = [
 ]
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates 0600 files; an output should get the mode a plain open() would give it
+_UMASK = _current_umask()
+
+
+def _give_mode(tmp: str | os.PathLike, dest: Path) -> None:
+    try:
+        mode = dest.stat().st_mode & 0o777 if dest.exists() else 0o666 & ~_UMASK
+        os.chmod(tmp, mode)
+    except OSError:
+        pass
+
+
 class OutputError(OSError):
     """An output could not be written; the previous file, if any, is untouched."""
 
@@ -61,6 +79,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     except OSError as exc:
         raise OutputError(f"cannot write {dest}: {exc.strerror or exc}") from exc
     tmp = Path(tmp_name)
+    _give_mode(tmp, dest)
     try:
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
@@ -108,6 +127,7 @@ def atomic_write_many(files: dict[str | os.PathLike, bytes | str]) -> list[Path]
             except OSError as exc:
                 raise OutputError(f"cannot write {dest}: {exc.strerror or exc}") from exc
             staged.append((Path(tmp_name), dest))
+            _give_mode(tmp_name, dest)
             data = content.encode("utf-8") if isinstance(content, str) else content
             try:
                 with os.fdopen(fd, "wb") as f:

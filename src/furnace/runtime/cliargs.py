@@ -62,11 +62,18 @@ def require(condition: bool, argument: str, allowed: str) -> None:
         raise UsageError(argument, allowed)
 
 
+# stands in for a missing help text: argparse prints no help column for an empty or blank one,
+# and with it no default
+_NO_HELP = "@furnace-no-help@"
+
+
 class DefaultsFormatter(argparse.HelpFormatter):
     """Appends "(default: X)" to every option's help that does not already state it."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
+        if text == _NO_HELP:
+            text = ""
         if "(default" in text or "%(default)" in text:
             return text
         if action.default is argparse.SUPPRESS or isinstance(action, argparse._SubParsersAction):
@@ -79,6 +86,8 @@ class DefaultsFormatter(argparse.HelpFormatter):
             default = " ".join(str(x) for x in default) or "none"
         elif default is None:
             default = "none"
+        # the help string is %-formatted by argparse afterwards
+        default = str(default).replace("%", "%%")
         return f"{text} (default: {default})".strip()
 
 
@@ -96,7 +105,7 @@ class Parser(argparse.ArgumentParser):
     def add_argument(self, *args, **kwargs):
         # argparse omits an option without help from the help's right column, default included
         if kwargs.get("help") is None and kwargs.get("action") not in ("help", "version"):
-            kwargs["help"] = " "
+            kwargs["help"] = _NO_HELP
         return super().add_argument(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
