@@ -6,27 +6,30 @@ shadowing, smart scheduling and a topology-aware gate, driven by a performance m
 """
 
 from .config import ExpertParallelConfig
-from .experts import MLPExperts
+from .experts import ExpertBank, MLPExperts, ModuleExperts
 from .gates import GATES, BaseGate, GateContext, GateOutput, make_gate
 from .layer import MoELayer, MoETransformerMLP, RoutingStats
 from .naive import naive_moe
-from .parallel import ExpertParallel, LayerStats, expert_parallel
+from .parallel import ExpertParallel, LayerStats, ddp_ignore_experts, expert_parallel
 from .perfmodel import MoEPerfModel, StepLatency
 
 __all__ = [
     "GATES",
     "BaseGate",
+    "ExpertBank",
     "ExpertParallel",
     "ExpertParallelConfig",
     "GateContext",
     "GateOutput",
     "LayerStats",
     "MLPExperts",
+    "ModuleExperts",
     "MoELayer",
     "MoEPerfModel",
     "MoETransformerMLP",
     "RoutingStats",
     "StepLatency",
+    "ddp_ignore_experts",
     "expert_parallel",
     "make_gate",
     "naive_moe",

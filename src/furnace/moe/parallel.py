@@ -21,6 +21,13 @@ schedule (PPoPP'22 sections 4.1 and 4.2).
 Steps 3-4 are one autograd Function with an explicit backward that mirrors the forward
 (the same collectives in the same order on every rank), like FastMoE's `MoEForward`.
 
+Data parallelism over the same ranks must leave the expert parameters alone: torch's
+``DistributedDataParallel`` broadcasts rank 0's parameters at construction and averages
+every gradient, which would overwrite every rank's experts with rank 0's. `expert_parallel`
+therefore lists the expert parameters in the model's ``_ddp_params_and_buffers_to_ignore``
+(DDP's documented way to exclude parameters; `ddp_ignore_experts` does it for any outer
+module), and an expert-parallel forward inside a DDP that does not ignore them raises.
+
 Shape suffixes: T tokens on this rank, D d_model, A kept assignments, R rows exchanged,
 N global experts, W ranks, E experts per rank.
 """
@@ -33,10 +40,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from furnace.runtime.comm import Communicator
 
 from .config import ExpertParallelConfig
+from .experts import ExpertBank
 from .gates import GateContext, GateOutput
 from .layer import MoELayer, combine, sort_assignments
 from .perfmodel import MoEPerfModel
@@ -81,6 +90,7 @@ class ExpertParallel:
         self.stats = LayerStats()
 
     def forward(self, layer: MoELayer, x_TD: torch.Tensor, routing: GateOutput) -> torch.Tensor:
+        _refuse_ddp_over_experts(layer)
         plan = self.plan(routing, layer.num_experts)
         token_A, expert_A, slot_A = sort_assignments(routing)
         shadow_A = torch.as_tensor(plan.shadow_N, dtype=torch.bool,
@@ -159,8 +169,12 @@ def expert_parallel(model: nn.Module, comm: Communicator,
                     config: ExpertParallelConfig | None = None) -> nn.Module:
     """Shard the experts of every `MoELayer` in ``model`` over ``comm``'s ranks (in place).
 
-    Every rank must build the model with the same global weights first (same seed); each
-    then keeps its experts' slice. Gates and all non-expert parameters stay replicated.
+    A layer holding every expert keeps this rank's slice (every rank must then have built
+    the same global weights: same seed). A layer built with only this rank's slice
+    (``experts.first_expert == rank * experts_per_rank``) keeps it as it is. Gates and all
+    non-expert parameters stay replicated. The expert parameters are added to
+    ``model._ddp_params_and_buffers_to_ignore``, so ``DistributedDataParallel(model)``
+    leaves them local.
     """
     config = config or ExpertParallelConfig()
     layers = [m for m in model.modules() if isinstance(m, MoELayer)]
@@ -173,19 +187,67 @@ def expert_parallel(model: nn.Module, comm: Communicator,
         if layer.num_experts % W:
             raise ValueError(f"{layer.num_experts} experts do not divide over {W} ranks")
         E = layer.num_experts // W
-        layer.experts = layer.experts.shard(r * E, E)
+        bank = layer.experts
+        if bank.num_experts == layer.num_experts:
+            # also at W = 1: the copy draws from the global generator, as it always did,
+            # so seeded runs that apply expert parallelism keep their random streams
+            layer.experts = bank.shard(r * E, E)
+        elif bank.num_experts != E or bank.first_expert != r * E:
+            raise ValueError(f"rank {r} of {W} needs experts {r * E}..{r * E + E - 1}, but the "
+                             f"layer holds experts {bank.first_expert}.."
+                             f"{bank.first_expert + bank.num_experts - 1}")
+        bank = layer.experts
         perf = MoEPerfModel.from_topology(config.topology, d_model=layer.d_model,
-                                          d_hidden=layer.experts.d_hidden,
-                                          dtype=layer.experts.w1_EDF.dtype, world_size=W,
+                                          d_hidden=bank.equivalent_d_hidden(),
+                                          dtype=bank.dtype, world_size=W,
                                           half_efficiency_tokens=config.half_efficiency_tokens,
                                           step_overhead_s=config.step_overhead_s)
         layer.parallel = ExpertParallel(comm, config, perf, E)
-        layer.gate.bind(GateContext(rank=r, world_size=W, num_experts_per_rank=E,
-                                    ranks_per_node=config.topology.ranks_per_node, comm=comm))
+        bind = getattr(layer.gate, "bind", None)
+        if bind is not None:
+            bind(GateContext(rank=r, world_size=W, num_experts_per_rank=E,
+                             ranks_per_node=config.topology.ranks_per_node, comm=comm))
+    ddp_ignore_experts(model)
     return model
 
 
-def _run_experts(experts, params: Sequence[torch.Tensor], x_RD: torch.Tensor,
+def ddp_ignore_experts(module: nn.Module) -> list[str]:
+    """Make ``DistributedDataParallel(module)`` leave expert-parallel parameters alone.
+
+    Adds the names of the parameters of every expert-parallel layer's bank to
+    ``module._ddp_params_and_buffers_to_ignore`` (DDP then neither broadcasts them at
+    construction nor all-reduces their gradients) and returns the full list. Call it on
+    the module you wrap, after expert parallelism is applied.
+    """
+    names = list(getattr(module, "_ddp_params_and_buffers_to_ignore", []))
+    for prefix, sub in module.named_modules():
+        if isinstance(sub, MoELayer) and sub.parallel is not None:
+            head = f"{prefix}.experts." if prefix else "experts."
+            names += [head + n for n, _ in sub.experts.named_parameters()
+                      if head + n not in names]
+    # the attribute DDP reads (torch's _set_params_and_buffers_to_ignore_for_model sets it)
+    module._ddp_params_and_buffers_to_ignore = names
+    return names
+
+
+def _refuse_ddp_over_experts(layer: MoELayer) -> None:
+    """Raise if this forward runs inside a torch DDP that synchronizes this layer's experts."""
+    ddp = getattr(DistributedDataParallel, "_active_ddp_module", None)
+    if ddp is None:
+        return
+    ignored = {id(p) for n, p in ddp.module.named_parameters() if n in ddp.parameters_to_ignore}
+    synced = [p for p in layer.experts.parameters() if id(p) not in ignored]
+    if synced:
+        raise RuntimeError(
+            "torch DistributedDataParallel wraps an expert-parallel MoE layer without "
+            f"ignoring its {len(synced)} expert parameters: DDP broadcast rank 0's experts "
+            "over every rank's at construction and averages expert gradients, so the "
+            "experts are already wrong. Rebuild the model and call "
+            "furnace.moe.ddp_ignore_experts(model) before DistributedDataParallel(model), "
+            "or wrap it in furnace.moe.compat.DistributedGroupedDataParallel")
+
+
+def _run_experts(experts: ExpertBank, params: Sequence[torch.Tensor], x_RD: torch.Tensor,
                  local_R: torch.Tensor, num_local: int) -> torch.Tensor:
     """Rows ``x_RD`` through local expert ``local_R[i]`` each (rows in any order)."""
     order = torch.argsort(local_R, stable=True)
@@ -193,7 +255,7 @@ def _run_experts(experts, params: Sequence[torch.Tensor], x_RD: torch.Tensor,
     outs = []
     for e, x_e in enumerate(torch.split(x_RD[order], counts)):
         if x_e.shape[0]:
-            outs.append(experts.apply_expert([p[e] for p in params], x_e))
+            outs.append(experts.apply_expert(experts.expert_params(e, params), x_e, e))
     y_sorted = torch.cat(outs) if outs else x_RD.new_zeros((0, x_RD.shape[1]))
     return y_sorted[torch.argsort(order)]
 
@@ -202,8 +264,7 @@ def _charge(plan: StepPlan, rows: int, experts, passes: float) -> None:
     """Charge expert GEMMs to the virtual clock (a no-op for real or sleeping time)."""
     network = plan.comm.network
     if network is not None and rows:
-        network.compute(passes * experts.flops_per_token() * rows,
-                        experts.w1_EDF.dtype)
+        network.compute(passes * experts.flops_per_token() * rows, experts.dtype)
 
 
 class _ExchangeAndCompute(torch.autograd.Function):
@@ -227,7 +288,7 @@ class _ExchangeAndCompute(torch.autograd.Function):
             sends.append((comm.all_to_all_single(rows.contiguous(), recv_split, send_split,
                                                  async_op=True), send_split, recv_split))
         # shadow broadcasts follow the sends on the link and overlap the steps' compute
-        pending_replicas = _broadcast_shadows(plan, params)
+        pending_replicas = _broadcast_shadows(plan, experts, params)
         leaves = [p.detach().requires_grad_() for p in params]
         steps, returns = [], []
         for (handle, send_split, recv_split), sources in zip(sends, plan.steps_recv):
@@ -283,7 +344,7 @@ class _ExchangeAndCompute(torch.autograd.Function):
         else:
             rep_grads = [None] * len(flat_rep)
         _charge(plan, x_loc.shape[0], experts, 2.0)
-        pending_reduces = _reduce_shadow_grads(plan, rep_leaves, rep_grads)
+        pending_reduces = _reduce_shadow_grads(plan, experts, rep_leaves, rep_grads)
         returns = []
         for (handle, send_split, recv_split), (x_in, y, _) in zip(sends, steps):
             g_out = handle.wait()
@@ -317,25 +378,29 @@ def _reassemble(blocks: list[torch.Tensor], steps_send: list[list[int]], send_ro
     return torch.cat(parts) if parts else like.new_zeros((0, *like.shape[1:]))
 
 
-def _broadcast_shadows(plan: StepPlan, params) -> dict:
+def _broadcast_shadows(plan: StepPlan, experts: ExpertBank, params) -> dict:
     """Start broadcasting every shadowed expert's parameters from its owner (ascending id).
 
     Returns, per shadowed expert, a function that waits for its parameters and returns
-    fresh copies (one tensor per stacked parameter).
+    fresh copies (one tensor per parameter of one expert).
     """
     comm, E = plan.comm, plan.experts_per_rank
     out = {}
-    shapes = [p.shape[1:] for p in params]
-    sizes = [int(np.prod(s)) for s in shapes]
     for e in np.flatnonzero(plan.shadow_N).tolist():
         owner, i = divmod(e, E)
+        # every rank knows the shapes from its own expert at the same local index
+        template = experts.expert_params(i, params)
+        shapes = [t.shape for t in template]
+        sizes = [t.numel() for t in template]
+        if len({t.dtype for t in template}) > 1:
+            raise ValueError("shadowing needs one dtype for all of an expert's parameters")
         if owner == comm.rank:
-            flat = torch.cat([p[i].detach().reshape(-1) for p in params])
+            flat = torch.cat([t.detach().reshape(-1) for t in template])
         else:
-            flat = params[0].new_empty(sum(sizes))
+            flat = template[0].new_empty(sum(sizes))
         handle = comm.broadcast(flat, src=owner, async_op=True)
 
-        def wait(handle=handle):
+        def wait(handle=handle, shapes=shapes, sizes=sizes):
             flat = handle.wait()
             return [t.reshape(s).clone() for t, s in zip(torch.split(flat, sizes), shapes)]
 
@@ -343,17 +408,18 @@ def _broadcast_shadows(plan: StepPlan, params) -> dict:
     return out
 
 
-def _run_shadowed(experts, rep_leaves: dict[int, list[torch.Tensor]], x_SD: torch.Tensor,
-                  expert_S: torch.Tensor) -> torch.Tensor:
+def _run_shadowed(experts: ExpertBank, rep_leaves: dict[int, list[torch.Tensor]],
+                  x_SD: torch.Tensor, expert_S: torch.Tensor) -> torch.Tensor:
     y_SD = x_SD.new_zeros(x_SD.shape)
     for e, params in rep_leaves.items():
         rows = torch.nonzero(expert_S == e).reshape(-1)
         if rows.numel():
-            y_SD = y_SD.index_copy(0, rows, experts.apply_expert(params, x_SD[rows]))
+            y = experts.apply_expert(params, x_SD[rows], e % experts.num_experts)
+            y_SD = y_SD.index_copy(0, rows, y)
     return y_SD
 
 
-def _reduce_shadow_grads(plan: StepPlan, rep_leaves, rep_grads) -> list:
+def _reduce_shadow_grads(plan: StepPlan, experts: ExpertBank, rep_leaves, rep_grads) -> list:
     """Start summing each shadowed expert's replica gradients onto its owner.
 
     Returns functions that wait for one reduce and, on the owner, add the result to the
@@ -375,8 +441,10 @@ def _reduce_shadow_grads(plan: StepPlan, rep_leaves, rep_grads) -> list:
         def finish(param_grads, handle=handle, owner=owner, i=i, sizes=sizes):
             flat = handle.wait()
             if owner == comm.rank:
-                for acc, part in zip(param_grads, torch.split(flat, sizes)):
-                    acc[i] += part.reshape(acc[i].shape)
+                # views into param_grads, so the sum lands in the owner's gradient
+                for acc, part in zip(experts.expert_params(i, param_grads),
+                                     torch.split(flat, sizes)):
+                    acc += part.reshape(acc.shape)
 
         pending.append(finish)
     return pending

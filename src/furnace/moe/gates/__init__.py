@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import BaseGate, GateContext, GateOutput
+from .base import BaseGate, GateContext, GateOutput, as_gate_output
 from .gshard import GShardGate
 from .naive import NaiveGate
 from .noisy import NoisyGate
@@ -43,5 +43,6 @@ __all__ = [
     "SwitchGate",
     "TopologyGate",
     "ZeroGate",
+    "as_gate_output",
     "make_gate",
 ]

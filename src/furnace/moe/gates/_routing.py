@@ -52,13 +52,13 @@ def expert_capacity(factor: float, assignments: int, num_experts: int) -> int:
     return math.ceil(exact * (1.0 - 1e-12))
 
 
-def first_come_keep(expert_ids_A: torch.Tensor, capacity: int,
+def first_come_keep(expert_ids_A: torch.Tensor, capacity: int | torch.Tensor,
                     num_experts: int) -> torch.Tensor:
     """Which assignments fit, taking them in the given order; -1 entries never fit or count.
 
     The i-th assignment to expert e (counting only earlier valid ones) is kept iff
-    ``i < capacity``. A stable sort by expert gives each its rank in O(A log A) without an
-    [A, N] one-hot.
+    ``i < capacity`` (or ``i < capacity[e]`` for an [N] tensor of per-expert capacities).
+    A stable sort by expert gives each its rank in O(A log A) without an [A, N] one-hot.
     """
     valid_A = expert_ids_A >= 0
     # dropped entries sort into a bucket of their own past the last expert
@@ -70,6 +70,10 @@ def first_come_keep(expert_ids_A: torch.Tensor, capacity: int,
     rank_sorted_A = torch.arange(key_A.numel(), device=key_A.device) - starts[sorted_key_A]
     rank_A = torch.empty_like(rank_sorted_A)
     rank_A[order_A] = rank_sorted_A
+    if isinstance(capacity, torch.Tensor):
+        # the dropped bucket gets capacity 0
+        capacity_N1 = torch.cat([capacity.to(rank_A), rank_A.new_zeros(1)])
+        return valid_A & (rank_A < capacity_N1[key_A])
     return valid_A & (rank_A < capacity)
 
 

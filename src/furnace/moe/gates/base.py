@@ -50,6 +50,31 @@ class GateContext:
     comm: object | None = None
 
 
+def as_gate_output(expert_ids: torch.Tensor, scores: torch.Tensor, num_tokens: int,
+                   top_k: int, num_experts: int,
+                   balance_loss: torch.Tensor | None = None) -> GateOutput:
+    """A FastMoE-style ``(idx, score)`` pair as a `GateOutput`.
+
+    FastMoE's gates return ids and scores of any shape holding ``num_tokens * top_k``
+    entries in token-major order ([T, K], [T*K] or [T, 1, K]); dropped assignments have id
+    -1. Their scores become 0 here, since the layer skips them (FastMoE's gather leaves
+    their rows zero).
+    """
+    expected = num_tokens * top_k
+    if expert_ids.numel() != expected or scores.numel() != expected:
+        raise ValueError(f"the gate returned {expert_ids.numel()} ids and {scores.numel()} "
+                         f"scores for {num_tokens} tokens with top_k={top_k}; need "
+                         f"{expected} of each")
+    ids_TK = expert_ids.reshape(num_tokens, top_k).to(torch.int64)
+    if ids_TK.numel() and not bool(((ids_TK >= -1) & (ids_TK < num_experts)).all()):
+        raise ValueError(f"the gate returned expert ids outside [-1, {num_experts})")
+    scores_TK = scores.reshape(num_tokens, top_k)
+    scores_TK = torch.where(ids_TK >= 0, scores_TK, torch.zeros_like(scores_TK))
+    if balance_loss is None:
+        balance_loss = scores_TK.new_zeros(())
+    return GateOutput(ids_TK, scores_TK, balance_loss)
+
+
 class BaseGate(nn.Module):
     """Router base: a linear scorer ``d_model -> num_experts`` and the routing rule.
 
