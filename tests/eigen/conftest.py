@@ -1,9 +1,13 @@
-"""Test pencils for furnace.eigen: finite-difference Laplacians with P1-like mass matrices.
+"""Test pencils for furnace.eigen: finite-difference Laplacians with P1-like mass matrices, and
+Dirichlet Laplacians with their spectrum in closed form.
 
 The mass is a Kronecker sum of 1-D P1 mass matrices tridiag(1/6, 4/6, 1/6) with random
 nodal density weights S M S; Jacobi scaling removes S exactly and leaves a spectrum in
 (0.5, 1.5), condition < 3. The random weights break the grid symmetries, so no eigenvalue
 is repeated (single-vector Lanczos finds one vector per eigenspace in exact arithmetic).
+
+`dirichlet_laplacian` keeps them: on a square or cube grid most eigenvalues are repeated
+(lambda_(i,j) = lambda_(j,i)), the case a solver that trusts one Lanczos vector gets wrong.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import scipy.linalg
 import scipy.sparse as sp
 import scipy.sparse.linalg
 
+from .closed_form import cluster_interval, dirichlet_laplacian, kron_sum  # noqa: F401
+
 
 def _second_difference(num: int, spacing: float) -> sp.csr_matrix:
     return sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], shape=(num, num)) / spacing**2
@@ -23,19 +29,6 @@ def _second_difference(num: int, spacing: float) -> sp.csr_matrix:
 
 def _p1_mass(num: int) -> sp.csr_matrix:
     return sp.diags([1.0 / 6.0, 4.0 / 6.0, 1.0 / 6.0], [-1, 0, 1], shape=(num, num))
-
-
-def kron_sum(factors: list[sp.spmatrix]) -> sp.csr_matrix:
-    """sum_i I x ... x F_i x ... x I."""
-    sizes = [f.shape[0] for f in factors]
-    total = None
-    for i, factor in enumerate(factors):
-        term = None
-        for j, size in enumerate(sizes):
-            piece = factor if i == j else sp.identity(size)
-            term = piece if term is None else sp.kron(term, piece)
-        total = term if total is None else total + term
-    return sp.csr_matrix(total)
 
 
 def laplacian_pencil(shape, spacings, seed: int = 42):
@@ -127,3 +120,24 @@ def tet_p1_mass(cells: int) -> sp.csr_matrix:
     return sp.csr_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(size, size)
     )
+
+
+def assert_values_close(name: str, reference, actual, ratio: float, scale: float) -> None:
+    """max |actual - reference| <= ratio * max(max |reference|, scale), entry by entry.
+
+    `scale` is the floor tied to the inputs (the spectrum's or the interval's magnitude), so
+    that a reference that happens to be zero (an eigenvalue at 0, an empty array) still
+    gives the tolerance a meaning (`furnace.runtime.testing.max_relative_error`).
+    """
+    import torch
+
+    from furnace.runtime.testing import max_relative_error
+
+    reference = np.asarray(reference, dtype=float)
+    actual = np.asarray(actual, dtype=float)
+    assert reference.shape == actual.shape, f"{name}: shapes {reference.shape} != {actual.shape}"
+    if reference.size == 0:
+        return
+    assert np.all(np.isfinite(actual)), f"{name}: non-finite values"
+    error = max_relative_error(torch.from_numpy(reference), torch.from_numpy(actual), scale=scale)
+    assert error <= ratio, f"{name}: max relative error {error:.3e} exceeds {ratio:.1e}"

@@ -19,7 +19,11 @@ import scipy.sparse as sp
 
 from furnace.cli import main
 
-from .conftest import gap_interval, laplacian_pencil
+from .closed_form import CASES
+from .conftest import assert_values_close, gap_interval, laplacian_pencil
+
+DATA = Path(__file__).resolve().parent / "data"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _mpiexec() -> str:
@@ -57,13 +61,16 @@ def test_cli_matches_dense_reference(tmp_path, capsys):
         assert main(["eigen", "solve", str(tmp_path / "A.mtx"), "--mass",
                      str(tmp_path / "M.mtx"), "--interval", "2.0", "2.6", "--slices", "2",
                      "--json", str(out)]) == 0
-    found = np.array(json.loads(out.read_text())["eigenvalues"])
+    data = json.loads(out.read_text())
+    found = np.array(data["eigenvalues"])
     dense = scipy.linalg.eigh(A.toarray(), M.toarray(), eigvals_only=True)
     want = dense[(dense >= 2.0) & (dense <= 2.6)]
-    assert found.size == want.size
-    np.testing.assert_allclose(found, want, rtol=1e-10)
+    assert found.size == want.size and data["complete"]
+    assert_values_close("cli", want, found, 1e-10, 2.6)
     assert "eigenvalues in [2, 2.6]" in capsys.readouterr().out
-    assert main(["eigen", "solve", str(tmp_path / "missing.mtx"), "--interval", "1", "2"]) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["eigen", "solve", str(tmp_path / "missing.mtx"), "--interval", "1", "2"])
+    assert exited.value.code == 2
 
 
 @pytest.mark.timeout(240)
@@ -82,7 +89,8 @@ def test_mpiexec_two_ranks_equals_one(tmp_path):
     b = json.loads(two.read_text())
     assert b["ranks"] == 2
     assert len(a["eigenvalues"]) == len(b["eigenvalues"]) > 0
-    np.testing.assert_allclose(b["eigenvalues"], a["eigenvalues"], rtol=1e-12)
+    assert a["complete"] and b["complete"] and b["found"] == a["found"]
+    assert_values_close("2 ranks", a["eigenvalues"], b["eigenvalues"], 1e-12, 2.6)
 
 
 # mpiexec -n 2 runs compared with one rank: (mode, group size); all with 2 slices
@@ -139,14 +147,20 @@ def test_mpiexec_mode_matches_one_rank(solve_cli, mass, mode, group_size):
     one = solve_cli(mass)
     assert one["mode"] == "slices" and one["ranks"] == 1 and one["seconds"] > 0
     assert len(one["eigenvalues"]) == 8
-    np.testing.assert_allclose(one["eigenvalues"], one["want"], rtol=1e-10)
+    scale = float(np.max(np.abs(one["want"])))
+    assert_values_close("one rank", one["want"], one["eigenvalues"], 1e-10, scale)
     run = solve_cli(mass, mode, group_size)
     assert run["ranks"] == 2 and run["mode"] == mode and run["slices"] == 2
     assert run["group_size"] == (2 if group_size is None else group_size)
     assert run["seconds"] > 0 and len(run["rank_counters"]) == 2
     assert len(run["eigenvalues"]) == len(one["eigenvalues"])
-    np.testing.assert_allclose(run["eigenvalues"], one["eigenvalues"], rtol=1e-10)
+    assert_values_close("two ranks", one["eigenvalues"], run["eigenvalues"], 1e-10, scale)
     assert max(run["residuals"]) <= 1e-10
+    # the per-slice report: each slice's count vouched for by Sylvester's inertia
+    assert run["complete"] and len(run["slice_report"]) == 2
+    for report in run["slice_report"]:
+        assert report["complete"] and report["count_method"] == "inertia"
+        assert report["num_found"] == report["expected"]
 
 
 @pytest.mark.timeout(200)
@@ -164,3 +178,72 @@ def test_mpiexec_rows_mode_counts_halo_bytes_and_allreduces(solve_cli):
     for counters in solve_cli("lumped", "groups", 1)["rank_counters"]:
         assert counters["halo_bytes"] == counters["halo_messages"] == 0
         assert counters["allreduces"] == 0
+
+
+@pytest.fixture(scope="module")
+def closed_form_runs(tmp_path_factory):
+    """`closed_form_runs(mode)`: the results of tests/eigen/mpi_closed_form.py under
+    ``mpiexec -n 2`` in that mode (each case of closed_form.CASES), run once. Rows mode,
+    every matvec a halo exchange, runs the inertia check only (the DOS one runs in slices
+    mode and serially)."""
+    done: dict[str, dict] = {}
+    checks = {"slices": "auto,dos", "rows": "auto"}
+
+    def run(mode: str) -> dict:
+        if mode not in done:
+            out = tmp_path_factory.mktemp("closed") / f"{mode}.json"
+            proc = subprocess.run([_mpiexec(), "-n", "2", sys.executable, "-m",
+                                   "tests.eigen.mpi_closed_form", str(out), mode, checks[mode]],
+                                  capture_output=True, text=True, timeout=400, cwd=REPO)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            done[mode] = json.loads(out.read_text())
+        return done[mode]
+
+    return run
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("mode", ["slices", "rows"])
+def test_mpiexec_closed_form_counts_are_exact(closed_form_runs, mode):
+    _mpiexec()
+    results = closed_form_runs(mode)
+    assert len(results) == len(CASES) * (2 if mode == "slices" else 1)
+    for key, run in results.items():
+        want = np.array(run["want"])
+        assert run["complete"], (key, run["message"])
+        assert len(run["eigenvalues"]) == want.size, key
+        assert_values_close(key, want, run["eigenvalues"], 1e-10, float(want.max()))
+        assert run["max_residual"] <= 1e-10 and run["gram_error"] <= 1e-8, key
+        assert sum(s["num_found"] for s in run["slices"]) == want.size
+        for s in run["slices"]:
+            assert s["complete"], key
+            if key.endswith("/auto"):
+                assert s["count_method"] == "inertia" and s["num_found"] == s["expected"]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["incomplete", "indefinite-mass"])
+def test_mpiexec_failures_exit_nonzero_with_one_line(tmp_path, case):
+    mpiexec = _mpiexec()
+    A, _ = laplacian_pencil((6, 5, 5), (1.0, 1.1, 1.3), seed=2)
+    scipy.io.mmwrite(tmp_path / "A.mtx", A)
+    args = [str(tmp_path / "A.mtx"), "--interval", "0.5", "1.5", "--mode", "rows"]
+    if case == "incomplete":
+        args += ["--max-lanczos-steps", "12", "--max-restarts", "0", "--json",
+                 str(tmp_path / "out.json")]
+    else:
+        args += ["--mass", str(DATA / "m_indefinite.mtx")]
+        scipy.io.mmwrite(tmp_path / "A.mtx", sp.diags([2.0, 2.0, 2.0]).tocsr())
+    run = subprocess.run([mpiexec, "-n", "2", sys.executable, "-m", "furnace.eigen.cli",
+                          "eigen", "solve", *args], capture_output=True, text=True,
+                         timeout=180)
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    if case == "incomplete":
+        assert run.returncode == 1, run.stdout + run.stderr
+        assert len(lines) == 1 and "furnace eigen solve: incomplete: slice" in lines[0]
+        assert "INCOMPLETE" in run.stdout
+        assert not json.loads((tmp_path / "out.json").read_text())["complete"]
+    else:
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert len(lines) == 1 and "argument --mass: M is not positive definite" in lines[0]
+        assert "Traceback" not in run.stderr

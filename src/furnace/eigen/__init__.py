@@ -5,27 +5,34 @@ de Hoop, SC'18; Li, Xi, Erlandson, Saad, "The eigenvalues slicing library (EVSL)
 Sci. Comput. 2019). See README.md for the algorithm and the symbol table.
 """
 
+from furnace.eigen.checks import PencilError, check_pencil
 from furnace.eigen.config import SolverConfig
 from furnace.eigen.dos import DensityOfStates, kpm_dos, slice_spectrum
 from furnace.eigen.filters import ChebFilter, damping_factors, find_polynomial
+from furnace.eigen.inertia import InertiaCount, InertiaCounter
 from furnace.eigen.lanczos import LanczosResult, filtered_lanczos, relative_residuals
 from furnace.eigen.naive import naive_eigsh_interval
 from furnace.eigen.operators import (
     ChebyshevMassSolve,
     Counters,
+    LanczosExtremes,
     LumpedMass,
     ScaledOperator,
     ScaledPencil,
     lanczos_bounds,
+    lanczos_extremes,
     scale_pencil,
 )
 from furnace.eigen.parallel import ParallelLayout, eigsh_interval_mpi
 from furnace.eigen.solver import (
     EigenResult,
+    IncompleteError,
     SliceInfo,
+    SlicePlan,
     eigsh_interval,
     estimate_dos,
     load_pencil,
+    plan_slices,
 )
 
 __all__ = [
@@ -34,13 +41,20 @@ __all__ = [
     "Counters",
     "DensityOfStates",
     "EigenResult",
+    "IncompleteError",
+    "InertiaCount",
+    "InertiaCounter",
+    "LanczosExtremes",
     "LanczosResult",
     "LumpedMass",
     "ParallelLayout",
+    "PencilError",
     "ScaledOperator",
     "ScaledPencil",
     "SliceInfo",
+    "SlicePlan",
     "SolverConfig",
+    "check_pencil",
     "damping_factors",
     "eigsh_interval",
     "eigsh_interval_mpi",
@@ -49,8 +63,10 @@ __all__ = [
     "find_polynomial",
     "kpm_dos",
     "lanczos_bounds",
+    "lanczos_extremes",
     "load_pencil",
     "naive_eigsh_interval",
+    "plan_slices",
     "relative_residuals",
     "scale_pencil",
     "slice_spectrum",

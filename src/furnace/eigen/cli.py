@@ -6,41 +6,86 @@ IV; the parallel modes of section IV.D are described in `furnace.eigen.parallel`
     furnace eigen solve A.mtx [--mass M.mtx] --interval A B [--slices S] [--lumped]
     mpiexec -n P furnace eigen solve A.mtx --mass M.mtx --interval A B
         [--mode slices|rows|groups] [--group-size G]
-    mpiexec -n P python -m furnace.eigen.cli eigen solve ...    (the same, without the
-        `furnace` command's start-up: it imports the shared runtime, torch, on every rank)
+    mpiexec -n P python -m furnace.eigen.cli eigen solve ...    (the same command)
 
-``--json`` writes the eigenvalues, residuals, the mode, the wall time of the solve alone
-(rank 0, between barriers) and the counters of rank 0 and of every rank.
+It prints the eigenvalues, then one line per slice with the expected count (Sylvester's
+inertia or the KPM estimate), the count found, and whether the slice converged and is
+complete. ``--json`` writes the same (atomically, rank 0) with the residuals, the mode, the
+wall time of the solve alone (between barriers) and the counters of rank 0 and of every rank.
+
+Exit status: 0 when every eigenvalue in [A, B] was found and the count vouched for; 1 when
+the solver cannot vouch for the count (the report and one line on stderr say which slice and
+why) or an output cannot be written; 2 for a usage error (a bad argument or a matrix that is
+not real, finite, symmetric, with M positive definite), caught before any solve starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
+
+from furnace.runtime.atomic import OutputError, atomic_write_text
+from furnace.runtime.cliargs import (
+    Parser,
+    UsageError,
+    float_in,
+    input_file,
+    nonnegative_int,
+    output_file,
+    positive_int,
+)
+
+from .config import COUNT_CHECKS, SolverConfig
+
+MODES = ("slices", "rows", "groups")
+# the exit status of a solve that ran but cannot vouch for the number of eigenvalues found
+EXIT_INCOMPLETE = 1
+_INERTIA_MAX_N = SolverConfig.__dataclass_fields__["inertia_max_n"].default
+_EPILOG = ("exit status: 0 every eigenvalue in [A, B] found and the count vouched for; 1 the "
+           "count could not be vouched for (see the per-slice report) or an output could not "
+           "be written; 2 a usage error")
 
 
 def add_parser(subparsers) -> None:
     eig = subparsers.add_parser("eigen", help="polynomial-filtered Lanczos eigensolver")
     sub = eig.add_subparsers(dest="eigen_command", metavar="COMMAND")
     eig.set_defaults(func=lambda args: (eig.print_help(), 0)[1])
-    solve = sub.add_parser("solve", help="eigenpairs of A x = lambda M x in [a, b]")
-    solve.add_argument("matrix", help="A, a Matrix Market file")
-    solve.add_argument("--mass", help="M, a Matrix Market file (default: identity)")
-    solve.add_argument("--interval", nargs=2, type=float, required=True, metavar=("A", "B"))
-    solve.add_argument("--slices", type=int, default=None,
-                       help="spectrum slices (default: 1, or the number of rank groups)")
+    solve = sub.add_parser("solve", help="eigenpairs of A x = lambda M x in [a, b]",
+                           epilog=_EPILOG)
+    solve.add_argument("matrix", type=input_file, help="A, a Matrix Market file")
+    solve.add_argument("--mass", type=input_file, default=None,
+                       help="M, a Matrix Market file (default: identity)")
+    solve.add_argument("--interval", nargs=2, type=float_in(), required=True, metavar=("A", "B"),
+                       help="the interval [A, B]: finite, A < B")
+    solve.add_argument("--slices", type=positive_int, default=None,
+                       help="least number of spectrum slices; more are made when [A, B] holds "
+                       "more eigenvalues than one slice takes (default: 1, or the number of "
+                       "rank groups)")
     solve.add_argument("--lumped", action="store_true", help="lump M by row sums")
-    solve.add_argument("--mode", choices=("slices", "rows", "groups"), default="slices",
+    solve.add_argument("--mode", choices=MODES, default="slices",
                        help="under mpiexec: slices over ranks, rows of each slice over all "
                        "ranks, or groups of --group-size ranks per slice (default: slices)")
-    solve.add_argument("--group-size", type=int, default=None,
-                       help="ranks per group for --mode groups")
-    solve.add_argument("--tol", type=float, default=1e-10)
-    solve.add_argument("--threads", type=int, default=1,
-                       help="threads for the sparse products of each process (default 1)")
-    solve.add_argument("--json", help="write eigenvalues, residuals and counters here")
+    solve.add_argument("--group-size", type=positive_int, default=None,
+                       help="ranks per group for --mode groups (default: none)")
+    solve.add_argument("--tol", type=float_in(0.0, 1.0, lo_open=True, hi_open=True),
+                       default=1e-10, help="relative residual tolerance")
+    solve.add_argument("--threads", type=positive_int, default=1,
+                       help="threads for the sparse products of each process")
+    solve.add_argument("--count-check", choices=COUNT_CHECKS, default="auto",
+                       help="vouch for the count by Sylvester inertia (exact, sparse LDL^T), "
+                       "by the KPM estimate and a deflated rerun, or auto: inertia up to "
+                       f"{_INERTIA_MAX_N} unknowns (default: auto)")
+    solve.add_argument("--max-lanczos-steps", type=positive_int, default=None,
+                       help="cap on the Krylov dimension of one run (default: min(n, 2000))")
+    solve.add_argument("--max-restarts", type=nonnegative_int, default=12,
+                       help="deflated Lanczos restarts per slice: they find the missing copies "
+                       "of repeated eigenvalues and confirm that nothing is left")
+    solve.add_argument("--json", type=output_file, default=None,
+                       help="write eigenvalues, the slice report and counters here "
+                       "(default: none)")
     solve.set_defaults(func=_solve)
 
 
@@ -53,76 +98,173 @@ def _mpi_world():
 
 
 def _solve(args: argparse.Namespace) -> int:
+    comm = _mpi_world()
+    rank = 0 if comm is None else comm.Get_rank()
+    prog = getattr(args, "_prog", None) or "furnace eigen solve"
+    try:
+        return _run(args, comm)
+    except UsageError as exc:
+        # raised on every rank alike (every rank reads and checks the same files): one line
+        if rank == 0:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except OutputError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _config(args: argparse.Namespace) -> SolverConfig:
+    a, b = args.interval
+    if not a < b:
+        raise UsageError("--interval", f"must satisfy A < B, got A={a:g}, B={b:g}")
+    return SolverConfig(a=a, b=b, mass="lumped" if args.lumped else "consistent", tol=args.tol,
+                        threads=args.threads, count_check=args.count_check,
+                        max_lanczos_steps=args.max_lanczos_steps,
+                        max_restarts=args.max_restarts, allow_incomplete=True)
+
+
+def _layout(args: argparse.Namespace, size: int):
+    from .parallel import ParallelLayout
+
+    try:
+        return ParallelLayout(args.mode, size, args.group_size)
+    except ValueError as exc:
+        raise UsageError("--group-size", f"{exc} (--mode {args.mode})") from None
+
+
+def _pencil_error(exc, args: argparse.Namespace) -> UsageError:
+    """A `PencilError` as the usage error of the argument that named the file."""
+    path = str(args.matrix if exc.matrix == "A" else args.mass)
+    text = str(exc) if path in str(exc) else f"{exc} (in {path})"
+    return UsageError("matrix" if exc.matrix == "A" else "--mass", text)
+
+
+class _Status:
+    """A progress line on stderr, started on the first progress report (so that a pencil
+    rejected before the solve leaves stderr with its one error line)."""
+
+    def __init__(self) -> None:
+        self._context = None
+        self._status = None
+
+    def __call__(self, text: str) -> None:
+        if self._status is None:
+            from rich.console import Console
+
+            self._context = Console(stderr=True).status("filtered Lanczos ...")
+            self._status = self._context.__enter__()
+        self._status.update(text)
+
+    def close(self) -> None:
+        if self._context is not None:
+            self._context.__exit__(None, None, None)
+
+
+def _run(args: argparse.Namespace, comm) -> int:
     from dataclasses import asdict
 
-    from .config import SolverConfig
-    from .parallel import ParallelLayout
+    from .checks import PencilError
     from .solver import eigsh_interval, load_pencil
 
-    a, b = args.interval
-    comm = _mpi_world()
     rank, size = (0, 1) if comm is None else (comm.Get_rank(), comm.Get_size())
+    config = _config(args)
+    layout = _layout(args, size)
+    a, b = config.a, config.b
     try:
-        layout = ParallelLayout(args.mode, size, args.group_size)
         A, M = load_pencil(args.matrix, args.mass)
-        config = SolverConfig(a=a, b=b, mass="lumped" if args.lumped else "consistent",
-                              tol=args.tol, threads=args.threads)
-    except (OSError, ValueError) as exc:
-        if rank == 0:
-            print(f"furnace eigen solve: {exc}", file=sys.stderr)
-        return 2
-    if comm is not None:
-        from .parallel import eigsh_interval_mpi
+        if comm is not None:
+            from .parallel import eigsh_interval_mpi
 
-        comm.Barrier()
-        start = time.perf_counter()
-        try:
-            result = eigsh_interval_mpi(A, M, a, b, comm=comm, config=config,
-                                        slices=args.slices, mode=layout.mode,
-                                        group_size=args.group_size)
-        except ValueError as exc:
-            # raised on every rank alike, so no rank is left waiting in a collective
-            if rank == 0:
-                print(f"furnace eigen solve: {exc}", file=sys.stderr)
-            return 2
-        comm.Barrier()
-        seconds = time.perf_counter() - start
-        rank_counters = comm.gather(asdict(result.counters))
-    else:
-        # one rank: every mode is the serial solver
-        from rich.console import Console
-
-        start = time.perf_counter()
-        # the spinner goes to stderr, so that stdout stays the plain list of eigenvalues
-        with Console(stderr=True).status("filtered Lanczos ...") as status:
-            result = eigsh_interval(A, M, a, b, config=config, slices=args.slices or 1,
-                                    progress=lambda text: status.update(text))
-        seconds = time.perf_counter() - start
-        rank_counters = [asdict(result.counters)]
+            comm.Barrier()
+            start = time.perf_counter()
+            try:
+                result = eigsh_interval_mpi(A, M, a, b, comm=comm, config=config,
+                                            slices=args.slices, mode=layout.mode,
+                                            group_size=args.group_size)
+            except PencilError:
+                raise
+            except ValueError as exc:
+                # raised on every rank alike, so no rank is left waiting in a collective
+                if rank == 0:
+                    print(f"furnace eigen solve: {exc}", file=sys.stderr)
+                return EXIT_INCOMPLETE
+            comm.Barrier()
+            seconds = time.perf_counter() - start
+            rank_counters = comm.gather(asdict(result.counters))
+        else:
+            # one rank: every mode is the serial solver; the progress line goes to stderr,
+            # so that stdout stays the plain report
+            status = _Status()
+            start = time.perf_counter()
+            try:
+                result = eigsh_interval(A, M, a, b, config=config, slices=args.slices or 1,
+                                        progress=status)
+            finally:
+                status.close()
+            seconds = time.perf_counter() - start
+            rank_counters = [asdict(result.counters)]
+    except PencilError as exc:
+        raise _pencil_error(exc, args) from None
     if rank != 0:
-        return 0
-    print(f"{result.eigenvalues.size} eigenvalues in [{a:g}, {b:g}] "
+        return 0 if result.complete else EXIT_INCOMPLETE
+    _print_report(result, a, b, size, layout, seconds)
+    if args.json:
+        atomic_write_text(args.json, json.dumps(_json_report(result, size, layout, seconds,
+                                                             rank_counters), indent=2))
+    if not result.complete:
+        print(f"furnace eigen solve: incomplete: {result.message}", file=sys.stderr)
+        return EXIT_INCOMPLETE
+    return 0
+
+
+def _slice_line(i: int, count: int, s) -> str:
+    expected = (f"{int(s.expected)}" if s.count_method == "inertia" else
+                f"{s.expected:.1f} +- {s.tolerance:.1f}")
+    return (f"  slice {i + 1}/{count} [{s.a:.6g}, {s.b:.6g}]: expected {expected} "
+            f"({s.count_method}), found {s.num_found}, "
+            f"{'converged' if s.converged else 'NOT converged'}, "
+            f"{'complete' if s.complete else 'INCOMPLETE'}"
+            + (f", {s.restarts} restart(s)" if s.restarts else ""))
+
+
+def _print_report(result, a: float, b: float, size: int, layout, seconds: float) -> None:
+    state = "" if result.complete else " INCOMPLETE (the count is not vouched for)"
+    print(f"{result.eigenvalues.size} eigenvalues in [{a:g}, {b:g}]{state} "
           f"({size} rank{'s' if size > 1 else ''}, mode {layout.mode}, group size "
           f"{layout.group_size}, {len(result.slices)} slice(s), {seconds:.3g} s):")
     for value, res in zip(result.eigenvalues, result.residuals):
         print(f"  {value:.15g}   residual {res:.1e}")
+    print(f"slices ({result.count_method}): expected {result.expected:g} in all, found "
+          f"{result.eigenvalues.size}")
+    for i, s in enumerate(result.slices):
+        print(_slice_line(i, len(result.slices), s))
     c = result.counters
     print(f"filter degree {c.filter_degree}, Lanczos steps {c.lanczos_steps}, "
           f"A matvecs {c.a_matvecs}, M matvecs {c.m_matvecs}, halo bytes {c.halo_bytes}, "
           f"allreduces {c.allreduces} (rank 0)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"eigenvalues": result.eigenvalues.tolist(),
-                       "residuals": result.residuals.tolist(), "ranks": size,
-                       "mode": layout.mode, "group_size": layout.group_size,
-                       "slices": len(result.slices), "seconds": seconds,
-                       "counters": asdict(c), "rank_counters": rank_counters}, f, indent=2)
-    return 0
+
+
+def _finite(value):
+    """NaN (a skipped slice's bar) as JSON null."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _json_report(result, size: int, layout, seconds: float, rank_counters) -> dict:
+    from dataclasses import asdict
+
+    report = [{key: _finite(value) for key, value in asdict(s).items()} for s in result.slices]
+    return {"eigenvalues": result.eigenvalues.tolist(), "residuals": result.residuals.tolist(),
+            "complete": result.complete, "message": result.message,
+            "expected": _finite(result.expected), "found": int(result.eigenvalues.size),
+            "count_method": result.count_method, "ranks": size, "mode": layout.mode,
+            "group_size": layout.group_size, "slices": len(result.slices),
+            "slice_report": report, "seconds": seconds, "counters": asdict(result.counters),
+            "rank_counters": rank_counters}
 
 
 def main(argv=None) -> int:
     """``furnace eigen ...`` with only this subcommand loaded."""
-    parser = argparse.ArgumentParser(prog="furnace")
+    parser = Parser(prog="furnace")
     add_parser(parser.add_subparsers(dest="command", metavar="COMMAND", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

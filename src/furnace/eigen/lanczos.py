@@ -7,6 +7,13 @@ p(A M^-1) to z, with full CGS2 (DGKS) reorthogonalisation, the restricted trace 
 test, and Rayleigh-quotient acceptance of Ritz pairs inside [a, b]. Every inner product goes
 through `pencil.space`, so with rows split over ranks (SC'18 section IV.D) each one is a local
 product plus one allreduce, as in pEVSL.
+
+Two additions of this package, for completeness (README.md, "Completeness"): a run may be
+*deflated* against pairs already locked (every new Lanczos vector is orthogonalised against
+them as well, so a restart from a fresh vector finds the further copies of a repeated
+eigenvalue that single-vector Lanczos sees only one of: Parlett, *The Symmetric Eigenvalue
+Problem*, 1998, section 13.1), and candidates are taken a little below bar, so that an
+eigenvalue sitting on an end of [a, b] (where p equals bar) is not lost to rounding.
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ from furnace.eigen.operators import Counters, ScaledPencil, SerialSpace
 
 # counts that the operators and the space add to the pencil's Counters as they work
 _OPERATOR_COUNTS = ("a_matvecs", "m_matvecs", "halo_bytes", "halo_messages", "allreduces")
+# Ritz values of p down to bar * (1 - CANDIDATE_SLACK) go to the Rayleigh-Ritz step: p = bar
+# exactly at a and b, so an eigenvalue on an end converges to bar from either side, and a slice
+# also locks the eigenvalues just beyond its ends (up to the shifts its inertia counts used)
+CANDIDATE_SLACK = 1e-2
 
 
 @dataclass
@@ -48,6 +59,17 @@ class LanczosResult:
     num_candidates: int
     num_rejected: int
     counters: Counters = field(default_factory=Counters)
+
+
+def residual_scale(lo: float, hi: float, lmin: float, lmax: float) -> float:
+    """max(|a|, |b|) of the interval [lo, hi] clipped to the spectrum [lmin, lmax].
+
+    The scale of the residual test: clipping keeps a huge |a| or |b| from making every
+    residual look small (an interval reaching to -1e300 must not accept anything). The floor,
+    1e-6 of the spectrum's magnitude, keeps an interval that shrinks to 0 after clipping from
+    dividing by zero.
+    """
+    return max(abs(max(lo, lmin)), abs(min(hi, lmax)), 1e-6 * max(abs(lmin), abs(lmax)))
 
 
 def relative_residuals(
@@ -81,60 +103,27 @@ def _rayleigh_ritz(pencil: ScaledPencil, basis: np.ndarray):
     return values, basis @ coeffs
 
 
-def filtered_lanczos(
-    pencil: ScaledPencil,
-    poly: ChebFilter,
-    config,
-    *,
-    accept_interval: tuple[float, float, bool] | None = None,
-    progress=None,
-) -> LanczosResult:
-    """Eigenpairs of the scaled pencil in [a, b] by Lanczos on p(M~^-1 A~).
+def _lanczos_steps(pencil, poly, config, filtered, deflate, basis_v, basis_z, max_steps,
+                   accept_interval, scale, counters, progress):
+    """The Lanczos loop of `filtered_lanczos` from a normalised start (column 0 of the bases).
 
-    Args:
-        pencil: the Jacobi-scaled pencil with its mass solver (`scale_pencil`).
-        poly: the filter for [a, b] (`find_polynomial`).
-        config: `SolverConfig` (tol, trace_tol, check_every, min_steps, max_lanczos_steps,
-            seed).
-        accept_interval: (lo, hi, closed_hi): accept rho in [lo, hi] if closed_hi else
-            [lo, hi); used by spectrum slicing so that neighbouring slices do not both
-            report an eigenvalue on their common boundary. Default [poly.a, poly.b].
     Returns:
-        `LanczosResult`; counters are also merged into pencil.counters.
+        (accepted, converged, num_steps, basis_v, basis_z) with accepted = (values, vectors,
+        residuals, num_candidates, num_pending).
     """
-    counters = Counters()
     space = pencil.space
     n = pencil.n
-    lo, hi, closed_hi = accept_interval or (poly.a, poly.b, True)
-    # the Krylov dimension is bounded by the global n, so every rank stops at the same step
-    max_steps = config.max_lanczos_steps or min(space.size, 2000)
-    max_steps = min(max_steps, space.size)
-    before = dataclasses.replace(pencil.counters)
-
-    operator = pencil.filter_operator()
-
-    def filtered(z: np.ndarray) -> np.ndarray:
-        return poly.apply(operator, z, counters)
-
-    rng = np.random.default_rng(config.seed)
-    z = filtered(pencil.mass @ space.restrict(rng.standard_normal(space.size)))
-    v = pencil.mass.solve(z)
-    norm = np.sqrt(space.dot(v, z))
-    capacity = min(max_steps + 1, 64)
-    basis_v = np.empty((n, capacity))
-    basis_z = np.empty((n, capacity))
-    basis_v[:, 0], basis_z[:, 0] = v / norm, z / norm
+    lo, hi, closed_hi = accept_interval
     alphas: list[float] = []
     betas: list[float] = []
     trace_prev = np.inf
     converged = False
     bar = poly.bar
-    scale = max(abs(lo), abs(hi))
     accepted = None
 
     def accept(num: int):
         ritz, coeffs = scipy.linalg.eigh_tridiagonal(np.array(alphas), np.array(betas[: num - 1]))
-        wanted = ritz >= bar
+        wanted = ritz >= bar * (1.0 - CANDIDATE_SLACK)
         if not np.any(wanted):
             return np.zeros(0), np.zeros((n, 0)), np.zeros(0), 0, 0
         ritz_vectors = basis_v[:, :num] @ coeffs[:, wanted]
@@ -156,6 +145,7 @@ def filtered_lanczos(
         # CGS2: the M~^-1-inner products of w = M~^-1 z_new with v_i are v_i^T z_new
         for _ in range(2):
             z_new -= basis_z[:, : j + 1] @ space.dot(basis_v[:, : j + 1], z_new)
+            deflate(z_new)
         counters.reorth_flops += 8 * n * (j + 1)
         alphas.append(alpha)
         num = j + 1
@@ -188,6 +178,77 @@ def filtered_lanczos(
         basis_z[:, step] = z_new / beta
     if accepted is None or not converged:
         accepted = accept(num)
+    return accepted, converged, num, basis_v, basis_z
+
+
+def filtered_lanczos(
+    pencil: ScaledPencil,
+    poly: ChebFilter,
+    config,
+    *,
+    accept_interval: tuple[float, float, bool] | None = None,
+    progress=None,
+    locked: tuple[np.ndarray, np.ndarray] | None = None,
+    seed: int | None = None,
+) -> LanczosResult:
+    """Eigenpairs of the scaled pencil in [a, b] by Lanczos on p(M~^-1 A~).
+
+    Args:
+        pencil: the Jacobi-scaled pencil with its mass solver (`scale_pencil`).
+        poly: the filter for [a, b] (`find_polynomial`).
+        config: `SolverConfig` (tol, trace_tol, check_every, min_steps, max_lanczos_steps,
+            seed).
+        accept_interval: (lo, hi, closed_hi): accept rho in [lo, hi] if closed_hi else
+            [lo, hi); used by spectrum slicing so that neighbouring slices do not both
+            report an eigenvalue on their common boundary. Default [poly.a, poly.b].
+        progress: optional callable(step), told the Krylov dimension after every step.
+        locked: (V, M~ V) of pairs found before, M~-orthonormal (this rank's rows): the run
+            is deflated against them and returns only new pairs.
+        seed: seed of the random start vector (default config.seed).
+    Returns:
+        `LanczosResult`; counters are also merged into pencil.counters.
+    """
+    counters = Counters()
+    space = pencil.space
+    n = pencil.n
+    lo, hi, closed_hi = accept_interval or (poly.a, poly.b, True)
+    locked_v, locked_z = (None, None) if locked is None else locked
+    num_locked = 0 if locked_v is None else locked_v.shape[1]
+    # the Krylov dimension is bounded by the global n (less the locked pairs: the deflated
+    # space is that much smaller), so every rank stops at the same step
+    max_steps = config.max_lanczos_steps or min(space.size, 2000)
+    max_steps = min(max_steps, space.size - num_locked)
+    before = dataclasses.replace(pencil.counters)
+    operator = pencil.filter_operator()
+    scale = residual_scale(lo, hi, pencil.lmin, pencil.lmax)
+
+    def filtered(z: np.ndarray) -> np.ndarray:
+        return poly.apply(operator, z, counters)
+
+    def deflate(z: np.ndarray) -> None:
+        # the M~^-1-inner products of M~^-1 z with the locked v_i are v_i^T z
+        if num_locked:
+            z -= locked_z @ space.dot(locked_v, z)
+            counters.reorth_flops += 4 * n * num_locked
+
+    nothing = (np.zeros(0), np.zeros((n, 0)), np.zeros(0), 0, 0)
+    accepted, converged, num = nothing, True, 0
+    basis_v = basis_z = np.empty((n, 0))
+    if max_steps >= 1:
+        rng = np.random.default_rng(config.seed if seed is None else seed)
+        z = filtered(pencil.mass @ space.restrict(rng.standard_normal(space.size)))
+        for _ in range(2):
+            deflate(z)
+        v = pencil.mass.solve(z)
+        norm = float(np.sqrt(max(space.dot(v, z), 0.0)))
+        # a start vector the filter and the deflation annihilate: nothing left to find
+        if norm > 0.0:
+            basis_v = np.empty((n, min(max_steps + 1, 64)))
+            basis_z = np.empty_like(basis_v)
+            basis_v[:, 0], basis_z[:, 0] = v / norm, z / norm
+            accepted, converged, num, basis_v, basis_z = _lanczos_steps(
+                pencil, poly, config, filtered, deflate, basis_v, basis_z, max_steps,
+                (lo, hi, closed_hi), scale, counters, progress)
     values, vectors, res, num_candidates, _ = accepted
     counters.peak_basis_bytes = max(counters.peak_basis_bytes, basis_v.nbytes + basis_z.nbytes)
     shared = pencil.counters

@@ -22,6 +22,8 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from furnace.eigen.checks import PencilError
+
 
 @dataclass
 class Counters:
@@ -313,6 +315,9 @@ class ChebyshevMassSolve:
 
 # NormalModes' degree for P1 meshes (design note 1.2); enough for a Jacobi-scaled P1 mass
 PEVSL_MASS_DEGREE = 25
+# a Jacobi-scaled M with a Rayleigh quotient below this times its largest is singular to
+# working precision (condition > 1e10): no Chebyshev mass solve of sane degree converges on it
+MASS_SINGULAR = 1e-10
 
 
 class IdentityMass:
@@ -328,6 +333,20 @@ class IdentityMass:
         return x
 
 
+@dataclass
+class LanczosExtremes:
+    """The extreme Ritz values of a short Lanczos run and the bounds widened around them.
+
+    ritz_min and ritz_max are Rayleigh quotients, so they lie inside the spectrum: a
+    ritz_min <= 0 proves that the operator has an eigenvalue <= 0.
+    """
+
+    ritz_min: float
+    ritz_max: float
+    lmin: float
+    lmax: float
+
+
 def lanczos_bounds(
     op,
     mass=None,
@@ -337,6 +356,21 @@ def lanczos_bounds(
     margin: float = 1e-3,
     space: SerialSpace | None = None,
 ) -> tuple[float, float]:
+    """Estimate [lmin, lmax] of mass^-1 op (see `lanczos_extremes`)."""
+    found = lanczos_extremes(op, mass, num_steps=num_steps, seed=seed, margin=margin,
+                             space=space)
+    return found.lmin, found.lmax
+
+
+def lanczos_extremes(
+    op,
+    mass=None,
+    *,
+    num_steps: int = 100,
+    seed: int = 0,
+    margin: float = 1e-3,
+    space: SerialSpace | None = None,
+) -> LanczosExtremes:
     """Estimate [lmin, lmax] of mass^-1 op by Lanczos with full reorthogonalisation.
 
     The Ritz extremes are widened by the residual norms |beta_k y_k[-1]| of the extreme
@@ -351,7 +385,7 @@ def lanczos_bounds(
         space: where the vectors live and how their inner products are summed; None is
             `SerialSpace` of op's size.
     Returns:
-        (lmin, lmax).
+        `LanczosExtremes`.
     """
     if space is None:
         space = SerialSpace(op.shape[0])
@@ -387,7 +421,7 @@ def lanczos_bounds(
     width = ritz[-1] - ritz[0]
     lmin = ritz[0] - residual[0] - margin * width
     lmax = ritz[-1] + residual[-1] + margin * width
-    return float(lmin), float(lmax)
+    return LanczosExtremes(float(ritz[0]), float(ritz[-1]), float(lmin), float(lmax))
 
 
 @dataclass
@@ -460,22 +494,30 @@ def scale_pencil(
         mass = IdentityMass(space.local_size)
     elif config.mass == "lumped" or is_diagonal(M):
         diag = row_sums(M) if config.mass == "lumped" else operator_diagonal(M)
-        if np.any(diag <= 0):
-            raise ValueError("M must have a positive diagonal (row sums for mass='lumped')")
+        if not np.all(diag > 0):
+            raise PencilError("M", "M must have a positive diagonal (row sums for "
+                              "mass='lumped')")
         # after scaling by diag^-1/2 the lumped mass is exactly the identity
         scaling = 1.0 / np.sqrt(diag)
         mass = LumpedMass(np.ones(space.local_size), counters)
     else:
         diag = operator_diagonal(M)
-        if np.any(diag <= 0):
-            raise ValueError("M must be symmetric positive definite (non-positive diagonal)")
+        if not np.all(diag > 0):
+            raise PencilError("M", "M is not positive definite: its diagonal has entries <= 0")
         scaling = 1.0 / np.sqrt(diag)
         scaled_mass = space.scaled_operator(M, scaling, counters, "m_matvecs")
         if config.mass_bounds is not None:
             mass_bounds = tuple(float(x) for x in config.mass_bounds)
         else:
-            lo, hi = lanczos_bounds(scaled_mass, num_steps=config.bound_steps, seed=config.seed,
-                                    space=space)
+            found = lanczos_extremes(scaled_mass, num_steps=config.bound_steps,
+                                     seed=config.seed, space=space)
+            # a Ritz value is a Rayleigh quotient: one <= 0 proves M indefinite or singular,
+            # and one below MASS_SINGULAR times the largest makes M numerically singular
+            if found.ritz_min <= MASS_SINGULAR * abs(found.ritz_max):
+                raise PencilError("M", "M is not positive definite: the Jacobi-scaled M has "
+                                  f"the Rayleigh quotient {found.ritz_min:.3g} (largest "
+                                  f"{found.ritz_max:.3g})")
+            lo, hi = found.lmin, found.lmax
             # the Ritz minimum converges from above; never let alpha reach 0
             mass_bounds = (lo, hi) if lo > 0 else (1e-3 * hi, hi)
         degree = config.cheb_mass_degree or PEVSL_MASS_DEGREE

@@ -14,10 +14,13 @@ products). The three modes are the corners of that layout:
 * ``"groups"``: any G that divides P.
 
 Every group computes the same scaling, spectrum bounds and KPM slicing; world rank 0's slice
-boundaries are broadcast so that rounding differences between groups can never open a gap
-between slices. At the end every rank all-gathers its part of its group's eigenvectors,
+boundaries and expected counts are broadcast so that rounding differences between groups can
+never open a gap between slices. The inertia factorisations at the slice ends (where used,
+see `furnace.eigen.inertia`) are spread over all ranks, one shift each, and all-gathered. At
+the end every rank all-gathers its part of its group's eigenvectors and slice reports,
 assembles full-length vectors in the original row order (scaled back by D as in the serial
-solver), and merges pairs that two neighbouring slices both found.
+solver), merges pairs that two neighbouring slices both found, and raises `IncompleteError`
+alike if some slice could not vouch for its count.
 
 Run with ``mpiexec -n P furnace eigen solve A.mtx --mass M.mtx --interval a b
 [--mode slices|rows|groups] [--group-size G] [--slices S]``.
@@ -31,10 +34,18 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
+from .checks import PencilError, check_pencil
 from .config import SolverConfig
 from .distributed import DistributedSpace, partition_rows
 from .operators import Counters, row_sums, scale_pencil
-from .solver import EigenResult, _merge_duplicates, _no_pairs, _slice_bounds, _solve_slices
+from .solver import (
+    EigenResult,
+    _merge_duplicates,
+    _solve_slices,
+    finish_result,
+    inertia_counter,
+    plan_slices,
+)
 
 MODES = ("slices", "rows", "groups")
 
@@ -98,7 +109,8 @@ def eigsh_interval_mpi(A, M, a: float, b: float, *, comm=None,
     Raises:
         ValueError: on every rank, for a bad layout (see `ParallelLayout`), slices < 1, a
             pencil that cannot be split into group_size row blocks, or what `eigsh_interval`
-            raises.
+            raises (`PencilError` included).
+        IncompleteError: on every rank, as `eigsh_interval` does.
     """
     if comm is None:
         from mpi4py import MPI
@@ -110,26 +122,28 @@ def eigsh_interval_mpi(A, M, a: float, b: float, *, comm=None,
     if slices < 1:
         raise ValueError(f"slices must be >= 1, got {slices}")
     config = SolverConfig(a=a, b=b) if config is None else dataclasses.replace(config, a=a, b=b)
+    # every rank holds the same pencil, so these checks fail on every rank alike
+    check_pencil(A, M, mass=config.mass)
+    counter = inertia_counter(A, M, config)
+    if counter is not None and M is not None:
+        _on_rank_zero(comm, counter.check_mass)
     group = rank // layout.group_size
     counters = Counters()
     group_comm = comm.Split(color=group, key=rank) if layout.group_size > 1 else None
     try:
-        if group_comm is None:
-            pencil = scale_pencil(A, M, config, counters)
-        else:
-            space = DistributedSpace(group_comm, partition_rows(A, M, layout.group_size),
-                                     counters)
-            pencil = scale_pencil(A, M, config, counters, space=space)
-        bounds = comm.bcast(_slice_bounds(pencil, config, slices, dos_degree, dos_vectors))
-        if bounds is None:
-            found = _no_pairs(pencil.n)
-        else:
-            try:
-                found = _solve_slices(pencil, config, bounds,
-                                      range(group, slices, layout.num_groups))
-            except ValueError as exc:
-                # the other groups are about to wait in the gather: tell them instead
-                found = exc
+        pencil = _agreed(comm, lambda: scale_pencil(A, M, config, counters) if group_comm is None
+                         else scale_pencil(A, M, config, counters, space=DistributedSpace(
+                             group_comm, partition_rows(A, M, layout.group_size), counters)))
+        counts = None if counter is None else _spread_counts(
+            comm, counter, max(abs(pencil.lmin), abs(pencil.lmax)))
+        plan = plan_slices(pencil, config, slices, dos_degree, dos_vectors, counts=counts,
+                           share=lambda decide: comm.bcast(decide() if rank == 0 else None))
+        try:
+            found = _solve_slices(pencil, config, plan,
+                                  range(group, plan.num_slices, layout.num_groups))
+        except ValueError as exc:
+            # the other groups are about to wait in the gather: tell them instead
+            found = exc
     finally:
         if group_comm is not None:
             group_comm.Free()
@@ -157,9 +171,57 @@ def eigsh_interval_mpi(A, M, a: float, b: float, *, comm=None,
     order = np.argsort(values, kind="stable")
     values, vectors, residuals = _merge_duplicates(values[order], vectors[:, order],
                                                    residuals[order], _merge_mass(M, config, n))
-    return EigenResult(eigenvalues=values, eigenvectors=vectors, residuals=residuals,
-                       counters=counters, slices=infos, lmin=pencil.lmin, lmax=pencil.lmax,
-                       mass_bounds=pencil.mass_bounds)
+    result = EigenResult(eigenvalues=values, eigenvectors=vectors, residuals=residuals,
+                         counters=counters, slices=infos, lmin=pencil.lmin, lmax=pencil.lmax,
+                         mass_bounds=pencil.mass_bounds)
+    return finish_result(result, plan, config)
+
+
+def _on_rank_zero(comm, check) -> None:
+    """check() on rank 0 only (a factorisation); its PencilError is raised on every rank."""
+    message = None
+    if comm.Get_rank() == 0:
+        try:
+            check()
+        except PencilError as exc:
+            message = str(exc)
+    message = comm.bcast(message)
+    if message is not None:
+        raise PencilError("M", message)
+
+
+def _agreed(comm, make):
+    """make() on every rank; a PencilError on any rank is raised on all (no rank is left
+    waiting in the next collective)."""
+    try:
+        value, message = make(), None
+    except PencilError as exc:
+        value, message = None, (exc.matrix, str(exc))
+    failures = [m for m in comm.allgather(message) if m is not None]
+    if failures:
+        raise PencilError(*failures[0])
+    return value
+
+
+def _spread_counts(comm, counter, scale: float):
+    """The inertia count of each shift, each factorised by one rank, all-gathered."""
+    rank, size = comm.Get_rank(), comm.Get_size()
+
+    def counts(points, outward, steps):
+        mine = {}
+        for i, (point, direction) in enumerate(zip(points, outward)):
+            if i % size == rank:
+                try:
+                    mine[i] = counter.count_below(float(point), scale=scale, outward=direction,
+                                                  steps=steps)
+                except (RuntimeError, ValueError, MemoryError):
+                    mine[i] = None  # no count from this shift; the slices fall back to DOS
+        merged = {}
+        for part in comm.allgather(mine):
+            merged.update(part)
+        return [merged[i] for i in range(len(points))]
+
+    return counts
 
 
 def _merge_mass(M, config: SolverConfig, n: int):
