@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from . import __version__
 from .runtime.atomic import OutputError
 from .runtime.cliargs import Parser, UsageError, int_in, output_dir
-from .runtime.launch import sigterm_exits
 from .runtime.reproduce import SYSTEM_NAMES, SYSTEMS
+from .runtime.signals import sigterm_exits
 
 
 def _system_cli_modules():

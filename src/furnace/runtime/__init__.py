@@ -9,21 +9,55 @@
 - `testing`: `assert_close`, `seed_all` and the multi-rank harness.
 """
 
-from .comm import (
-    CommHandle,
-    CommLog,
-    CommRecord,
-    Communicator,
-    Traffic,
-    all_reduce_autograd,
-    all_to_all_single_autograd,
-    traffic,
-)
-from .launch import DistributedContext, DistributedError, init_from_env, run_distributed
-from .netem import NetworkEmulation, NetworkEmulator, VirtualClock
-from .presets import PRESETS, emulated_link, get_preset
-from .simulator import Resource, Simulator, Task, Timeline
-from .topology import Device, Link, Topology, balance_matched
+import importlib
+from typing import TYPE_CHECKING
+
+# Names load on first use (PEP 562): `furnace.runtime.cliargs` and `.atomic` are needed by
+# every CLI, including the eigensolver's MPI ranks, which should not pay for importing torch.
+_WHERE = {
+    "CommHandle": "comm", "CommLog": "comm", "CommRecord": "comm", "Communicator": "comm",
+    "Traffic": "comm", "all_reduce_autograd": "comm", "all_to_all_single_autograd": "comm",
+    "traffic": "comm",
+    "DistributedContext": "launch", "DistributedError": "launch",
+    "init_from_env": "launch", "run_distributed": "launch",
+    "NetworkEmulation": "netem", "NetworkEmulator": "netem", "VirtualClock": "netem",
+    "PRESETS": "presets", "emulated_link": "presets", "get_preset": "presets",
+    "Resource": "simulator", "Simulator": "simulator", "Task": "simulator",
+    "Timeline": "simulator",
+    "Device": "topology", "Link": "topology", "Topology": "topology",
+    "balance_matched": "topology",
+}
+
+
+def __getattr__(name: str):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'furnace.runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_WHERE))
+
+
+if TYPE_CHECKING:
+    from .comm import (
+        CommHandle,
+        CommLog,
+        CommRecord,
+        Communicator,
+        Traffic,
+        all_reduce_autograd,
+        all_to_all_single_autograd,
+        traffic,
+    )
+    from .launch import DistributedContext, DistributedError, init_from_env, run_distributed
+    from .netem import NetworkEmulation, NetworkEmulator, VirtualClock
+    from .presets import PRESETS, emulated_link, get_preset
+    from .simulator import Resource, Simulator, Task, Timeline
+    from .topology import Device, Link, Topology, balance_matched
 
 __all__ = [
     "PRESETS",

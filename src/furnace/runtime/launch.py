@@ -47,6 +47,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .signals import sigterm_exits
+
 __all__ = [
     "DistributedContext",
     "DistributedError",
@@ -233,33 +235,6 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
     return DistributedContext(rank, world_size, local_rank, backend, device,
                               owns_group=True, timeout_s=timeout_s)
-
-
-@contextlib.contextmanager
-def sigterm_exits() -> Iterator[None]:
-    """Within the block, SIGTERM raises ``SystemExit(143)`` instead of killing the process.
-
-    So ``finally`` blocks run: `run_distributed` stops and reaps its ranks, a process pool
-    terminates its workers, a partial output is removed. Only the main thread can install
-    a signal handler; elsewhere, and where a handler other than the default one is already
-    installed, the block runs unchanged.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    if previous not in (signal.SIG_DFL, None):
-        yield
-        return
-
-    def _exit(signum, frame):
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _device_for(backend: str, local_rank: int) -> torch.device:
