@@ -180,9 +180,78 @@ def test_fp8_matches_torch_inside_the_range(name, dtype):
     np.testing.assert_array_equal(round_to(x, fmt), reference)
 
 
-def test_fp8_e4m3_has_no_inf():
-    out = round_to(np.array([448.0, 460.0, 1e4, -np.inf]), "fp8_e4m3")
-    assert out[0] == 448 and out[1] == 448 and np.isnan(out[2]) and np.isnan(out[3])
+def _fp8_all_values(dtype) -> np.ndarray:
+    """Every finite value of a torch float8 dtype, as float32."""
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    values = codes.view(dtype).to(torch.float32).numpy()
+    return values[np.isfinite(values)]
+
+
+def _fp8_probes(dtype) -> np.ndarray:
+    """All values, the ties between neighbours and their float32 neighbours, and the
+    boundaries: the overflow tie and beyond, infinities, tiny subnormal ties."""
+    grid = np.unique(_fp8_all_values(dtype).astype(np.float64))
+    mid = ((grid[:-1] + grid[1:]) / 2).astype(np.float32)
+    top = float(grid[-1])
+    ulp = top - float(grid[-2])
+    edges = np.array([top, top + ulp / 2, top + ulp, 2 * top, 1e4, 6e4, 1e30, 3.4e38,
+                      np.inf, grid[1] / 2, grid[1] / 4, 0.0, -0.0], dtype=np.float32)
+    probes = np.concatenate([grid.astype(np.float32), mid, np.nextafter(mid, np.float32(np.inf)),
+                             np.nextafter(mid, np.float32(-np.inf)), edges])
+    probes = np.concatenate([probes, np.nextafter(edges, np.float32(0)),
+                             np.nextafter(edges, np.float32(np.inf))])
+    return np.concatenate([probes, -probes])
+
+
+def _same_bits_as_torch(x32: np.ndarray, fmt: str, dtype) -> None:
+    ours = round_to(x32, fmt)
+    reference = torch.from_numpy(x32.copy()).to(dtype).to(torch.float32).numpy()
+    nan = np.isnan(reference)
+    np.testing.assert_array_equal(np.isnan(ours), nan)
+    np.testing.assert_array_equal(ours[~nan].view(np.uint32), reference[~nan].view(np.uint32))
+
+
+@pytest.mark.parametrize(
+    "name,dtype", [("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)]
+)
+def test_fp8_matches_torch_bit_for_bit_on_every_value_tie_and_boundary(name, dtype):
+    x = _fp8_probes(dtype)
+    # every representable value rounds to itself
+    values = _fp8_all_values(dtype)
+    np.testing.assert_array_equal(round_to(values, name).view(np.uint32), values.view(np.uint32))
+    assert is_representable(values, name).all()
+    _same_bits_as_torch(x, name, dtype)
+
+
+@pytest.mark.parametrize(
+    "name,dtype", [("fp8_e4m3", torch.float8_e4m3fn), ("fp8_e5m2", torch.float8_e5m2)]
+)
+def test_fp8_matches_torch_on_random_float32_bit_patterns(name, dtype):
+    bits = np.random.default_rng(5).integers(0, 2**32, size=2**17, dtype=np.uint64)
+    _same_bits_as_torch(bits.astype(np.uint32).view(np.float32), name, dtype)
+
+
+def test_fp8_e4m3_saturates_as_torch_and_the_nan_convention_is_offered_by_name():
+    x = np.array([448.0, 460.0, 464.0, 464.1, 480.0, 1e4, np.inf, -1e4, -np.inf, np.nan])
+    sat = round_to(x, "fp8_e4m3")
+    np.testing.assert_array_equal(sat[:9], [448, 448, 448, 448, 448, 448, 448, -448, -448])
+    assert np.isnan(sat[9])
+    # OCP non-saturating e4m3: no inf, so everything past the tie at 464 (and inf) is NaN
+    nan = round_to(x, "fp8_e4m3_nan")
+    np.testing.assert_array_equal(nan[:3], [448, 448, 448])  # 464 is a tie, to even 448
+    assert np.all(np.isnan(nan[3:]))
+    assert get_format("fp8_e4m3").overflow == "saturate"
+    assert get_format("fp8_e4m3_nan").overflow == "nan"
+
+
+def test_fp8_e5m2_overflows_to_inf_as_torch_and_saturates_by_name():
+    x = np.array([57344.0, 61439.0, 61440.0, 1e6, np.inf, -1e6])
+    ieee = round_to(x, "fp8_e5m2")
+    np.testing.assert_array_equal(ieee, [57344, 57344, np.inf, np.inf, np.inf, -np.inf])
+    sat = round_to(x, "fp8_e5m2_sat")
+    np.testing.assert_array_equal(sat, [57344, 57344, 57344, 57344, 57344, -57344])
+    with pytest.raises(ValueError, match="overflow"):
+        FloatFormat("bad", precision=4, emin=-6, emax=8, max_finite=448.0, has_inf=False)
 
 
 def test_representability_examples():

@@ -75,6 +75,49 @@ def test_normwise_error_hand_example():
         naive.normwise_error(np.ones(2), np.ones(3))
 
 
+def test_normwise_error_floor_tied_to_the_inputs():
+    A = np.array([[1.0, 1.0]])
+    B = np.array([[1.0], [-1.0]])  # A @ B = 0 exactly
+    floor = naive.gemm_floor(A, B)
+    assert floor == pytest.approx(math.sqrt(2) * math.sqrt(2) / 2)
+    # without the floor a rounding error against a zero reference is infinite
+    assert naive.normwise_error(np.array([[1e-16]]), np.zeros((1, 1))) == math.inf
+    assert naive.normwise_error(np.array([[1e-16]]), np.zeros((1, 1)), scale=floor) == \
+        pytest.approx(1e-16)
+    # a reference above the floor is unaffected
+    assert naive.normwise_error(np.array([[3.0, 4.5]]), np.array([[3.0, 4.0]]), scale=1.0) \
+        == pytest.approx(0.1, rel=1e-15)
+    with pytest.raises(ValueError, match="positive"):
+        naive.normwise_error(np.ones(2), np.ones(2), scale=0.0)
+
+
+def test_elementwise_relative_error_hand_example():
+    A = np.array([[1.0, 1.0], [1e-3, 0.0], [0.0, 0.0]])
+    B = np.array([[1.0], [-1.0 + 2.0**-30]])
+    rows, cols = np.array([0, 1, 2]), np.array([0, 0, 0])
+    exact = naive.exact_gemm_entries(A, B, rows, cols)  # 2^-30, 1e-3, 0
+    C = np.array([[2.0**-30 * (1 + 2.0**-20)], [1e-3 * (1 + 1e-9)], [0.0]])
+    got = naive.elementwise_relative_error(C, A, B, rows, cols, exact)
+    assert got == pytest.approx(2.0**-20, rel=1e-6)  # each entry against itself
+    # a cancelled entry far below the floor u64 (|A||B|)_ij = u64 * 2 counts against that
+    C[0, 0] = 0.0
+    assert naive.elementwise_relative_error(C, A, B, rows, cols, exact) == 1.0
+    assert naive.elementwise_relative_error(C, A, B, rows, cols, exact, floor=2.0**-20) == \
+        pytest.approx(2.0**-30 / (2.0**-20 * 2))
+    # (|A||B|)_ij = 0 (the zero row): exact zero counts 0, anything else inf
+    C[0, 0] = 2.0**-30
+    C[2, 0] = 1e-300
+    assert naive.elementwise_relative_error(C, A, B, rows, cols, exact) == math.inf
+    hi, lo = naive.exact_pairs(exact)
+    assert hi[0] == 2.0**-30 and np.all(lo == 0)
+
+
+def test_exact_pairs_hold_what_float64_cannot():
+    x = Fraction(1) + Fraction(1, 2**80)
+    hi, lo = naive.exact_pairs([x])
+    assert hi[0] == 1.0 and lo[0] == 2.0**-80
+
+
 def test_componentwise_error_hand_example():
     A = np.array([[1.0, -2.0], [0.0, 0.0]])
     B = np.array([[3.0], [1.0]])

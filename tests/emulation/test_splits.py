@@ -182,6 +182,42 @@ def test_ozaki_reconstruct_is_exact_within_53_bits():
     assert np.array_equal(splits.ozaki_reconstruct(full), A)
 
 
+def test_ozaki_reconstruct_beyond_53_bits_is_the_nearest_float64():
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((5, 6))
+    sl = splits.ozaki_slices(A, 12, 7, 1)  # 84 bits: the slices hold A exactly
+    assert np.array_equal(splits.ozaki_reconstruct(sl), A)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.floats(-1e30, 1e30, allow_nan=False), min_size=1, max_size=12))
+def test_compensated_sum_is_as_if_twice_the_precision(values):
+    terms = [np.array([v]) for v in values]
+    hi, lo = splits.compensated_sum(terms)
+    exact = sum(Fraction(v) for v in values)
+    # Sum2 (Ogita, Rump, Oishi 2005): u|S| + gamma_(n-1)^2 sum|x|
+    n, u = len(values), 2.0**-53
+    gamma = (n - 1) * u / (1 - (n - 1) * u)
+    bound = u * abs(exact) + Fraction(gamma**2) * sum(abs(Fraction(v)) for v in values)
+    assert abs(Fraction(float(hi[0] + lo[0])) - exact) <= bound
+
+
+def test_compensated_sum_recovers_what_a_plain_sum_loses():
+    terms = [np.array([1.0]), np.array([2.0**-60]), np.array([-1.0])]
+    hi, lo = splits.compensated_sum(terms)
+    assert hi[0] + lo[0] == 2.0**-60  # a plain float64 sum gives 0
+
+
+def test_pow2_shifts_put_the_maxima_in_one_binade():
+    X = np.array([[3.0, -0.5], [0.0, 0.0], [1e-30, 2e-30]], dtype=np.float32)
+    t = splits.pow2_shifts(X, axis=1, top=15)
+    assert t[1] == 0
+    scaled = np.ldexp(np.abs(X[[0, 2]]).max(axis=1).astype(np.float64), t[[0, 2]])
+    assert np.all((scaled >= 2.0**14) & (scaled < 2.0**15))
+    cols = splits.pow2_shifts(X, axis=0, top=0)
+    assert np.all(np.ldexp(np.abs(X).max(axis=0).astype(np.float64), cols) >= 0.5)
+
+
 def test_ozaki_slices_reject_bad_input():
     A = np.ones((2, 2))
     with pytest.raises(ValueError, match="beta"):

@@ -147,7 +147,11 @@ class GemmApp(Application):
 
     def metric(self, inputs: dict, result: np.ndarray) -> float:
         ref = inputs["reference"]
-        err = np.linalg.norm(np.asarray(result, np.float64) - ref) / np.linalg.norm(ref)
+        # a floor tied to the operands (||a|| ||b|| / k) so a vanishing product cannot turn
+        # the ratio into a division by zero
+        floor = np.linalg.norm(inputs["a"]) * np.linalg.norm(inputs["b"]) / self.n
+        err = np.linalg.norm(np.asarray(result, np.float64) - ref) / max(
+            np.linalg.norm(ref), floor)
         return _finite_or_inf(err)
 
 
@@ -384,7 +388,9 @@ class LanczosApp(Application):
         got = np.asarray(result["eigenvalues"], np.float64)
         if got.shape != ref.shape:
             return float("inf")
-        return _finite_or_inf(np.max(np.abs(got - ref) / np.abs(ref)))
+        # relative to each eigenvalue, floored at eps times the spectrum's scale
+        scale = np.finfo(np.float64).eps * np.max(np.abs(inputs["eigenvalues"]))
+        return _finite_or_inf(np.max(np.abs(got - ref) / np.maximum(np.abs(ref), scale)))
 
 
 # --------------------------------------------------------------------------------------------

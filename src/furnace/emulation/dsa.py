@@ -45,7 +45,8 @@ INT32_MAX = 2**31 - 1
 # of a float32 GEMM over a 1024-wide slice of k is an integer float32 holds exactly
 _INT8_EXACT_CHUNK = 1024
 # narrow values travel in their own width except tf32, which sits in 32-bit containers
-_STORAGE_BYTES = {"fp16": 2, "bf16": 2, "tf32": 4, "fp8_e4m3": 1, "fp8_e5m2": 1}
+_STORAGE_BYTES = {"fp16": 2, "bf16": 2, "tf32": 4, "fp8_e4m3": 1, "fp8_e4m3_nan": 1,
+                  "fp8_e5m2": 1, "fp8_e5m2_sat": 1}
 
 _COMPARISONS = {
     "<": operator.lt,

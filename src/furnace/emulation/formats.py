@@ -7,11 +7,17 @@ Every split step is a round-to-nearest-even into the narrow type, so the error a
 section 2.2 holds only if that rounding is exact. This module gives it once, generically:
 
 * ``FloatFormat`` describes a binary floating format by its precision p (significand bits,
-  hidden bit included), exponent range [emin, emax], largest finite value and whether it
-  has infinities.
+  hidden bit included), exponent range [emin, emax], largest finite value and what an
+  overflow becomes (``overflow``: "inf" as IEEE 754, "nan", or "saturate" to the largest
+  finite value).
 * ``round_to(x, fmt)`` rounds float64 or float32 input straight into the format (no double
-  rounding through float32), with subnormals and IEEE overflow, and returns float32 arrays
-  that hold the narrow values exactly.
+  rounding through float32), with subnormals and the format's overflow rule, and returns
+  float32 arrays that hold the narrow values exactly.
+* fp8 comes in both OCP OFP8 conventions (Open Compute Project, "OCP 8-bit Floating Point
+  Specification (OFP8)", rev. 1.0, 2023, conversion modes): saturating ("satfinite", what
+  torch's float8 casts do for e4m3) and non-saturating (e4m3: NaN, e5m2: inf, what torch's
+  e5m2 cast does). The default names follow torch: "fp8_e4m3" saturates, "fp8_e5m2" overflows
+  to inf; "fp8_e4m3_nan" and "fp8_e5m2_sat" are the other convention of each.
 * ``is_representable``, ``check_int8`` and ``check_int32`` are the guards the DSA model
   (`furnace.emulation.dsa`) uses to refuse values that leaked from a wider type.
 """
@@ -32,7 +38,10 @@ class FloatFormat:
     A finite value is ``M * 2**(e - precision + 1)`` with integer ``|M| < 2**precision`` and
     ``e >= emin``; normal values have ``e <= emax`` and subnormals use ``e = emin``.
     ``max_finite`` is given separately because fp8 e4m3 spends its top codes on NaN, so its
-    largest value is below the top of the exponent range.
+    largest value is below the top of the exponent range. ``overflow`` says what a value
+    whose rounding exceeds ``max_finite`` becomes: "inf" (IEEE 754; needs ``has_inf``),
+    "nan" (OCP OFP8 non-saturating e4m3), or "saturate" (OCP "satfinite": +-max_finite, and
+    infinities too, as torch's float8_e4m3fn cast does).
     """
 
     name: str
@@ -41,6 +50,7 @@ class FloatFormat:
     emax: int
     max_finite: float
     has_inf: bool = True
+    overflow: str = "inf"
 
     def __post_init__(self) -> None:
         if not 2 <= self.precision <= 24:
@@ -52,6 +62,11 @@ class FloatFormat:
         top = (2.0 - 2.0 ** (1 - self.precision)) * 2.0**self.emax
         if not 0 < self.max_finite <= top:
             raise ValueError(f"{self.name}: max_finite must be in (0, {top!r}]")
+        if self.overflow not in ("inf", "nan", "saturate"):
+            raise ValueError(f"{self.name}: overflow must be 'inf', 'nan' or 'saturate', "
+                             f"got {self.overflow!r}")
+        if self.overflow == "inf" and not self.has_inf:
+            raise ValueError(f"{self.name}: a format without infinities cannot overflow to inf")
 
     @property
     def unit_roundoff(self) -> float:
@@ -67,7 +82,7 @@ class FloatFormat:
         return 2.0 ** (self.emin - self.precision + 1)
 
 
-def _ieee(name: str, precision: int, exponent_bits: int) -> FloatFormat:
+def _ieee(name: str, precision: int, exponent_bits: int, overflow: str = "inf") -> FloatFormat:
     emax = 2 ** (exponent_bits - 1) - 1
     return FloatFormat(
         name=name,
@@ -75,6 +90,7 @@ def _ieee(name: str, precision: int, exponent_bits: int) -> FloatFormat:
         emin=1 - emax,
         emax=emax,
         max_finite=(2.0 - 2.0 ** (1 - precision)) * 2.0**emax,
+        overflow=overflow,
     )
 
 
@@ -83,19 +99,31 @@ FP16 = _ieee("fp16", 11, 5)
 BF16 = _ieee("bf16", 8, 8)
 # NVIDIA TensorFloat-32: fp32's 8 exponent bits and fp16's 10 fraction bits
 TF32 = _ieee("tf32", 11, 8)
+# OCP fp8 e5m2 is IEEE-like: torch's float8_e5m2 cast overflows to inf from 61440 (the tie
+# above 57344) on; the saturating variant is OCP's satfinite mode
 FP8_E5M2 = _ieee("fp8_e5m2", 3, 5)
-# OCP fp8 e4m3 ("fn"): no infinities, and S.1111.111 is NaN, so the top value is 1.75 * 2**8
+FP8_E5M2_SAT = _ieee("fp8_e5m2_sat", 3, 5, overflow="saturate")
+# OCP fp8 e4m3 ("fn"): no infinities, and S.1111.111 is NaN, so the top value is 1.75 * 2**8.
+# torch's float8_e4m3fn cast saturates: everything beyond +-448, infinities included, becomes
+# +-448; the OCP non-saturating mode gives NaN instead (from 464, the tie above 448, on)
 FP8_E4M3 = FloatFormat(
-    name="fp8_e4m3", precision=4, emin=-6, emax=8, max_finite=448.0, has_inf=False
+    name="fp8_e4m3", precision=4, emin=-6, emax=8, max_finite=448.0, has_inf=False,
+    overflow="saturate",
+)
+FP8_E4M3_NAN = FloatFormat(
+    name="fp8_e4m3_nan", precision=4, emin=-6, emax=8, max_finite=448.0, has_inf=False,
+    overflow="nan",
 )
 
 FORMATS: dict[str, FloatFormat] = {
-    f.name: f for f in (FP32, FP16, BF16, TF32, FP8_E5M2, FP8_E4M3)
+    f.name: f for f in (FP32, FP16, BF16, TF32, FP8_E5M2, FP8_E5M2_SAT, FP8_E4M3, FP8_E4M3_NAN)
 }
 
 
 def get_format(fmt: str | FloatFormat) -> FloatFormat:
-    """A format by name ("fp16", "bf16", "tf32", "fp8_e4m3", "fp8_e5m2", "fp32")."""
+    """A format by name: "fp16", "bf16", "tf32", "fp32", "fp8_e4m3" (saturating, as torch),
+    "fp8_e4m3_nan" (OCP non-saturating), "fp8_e5m2" (inf on overflow, as torch) and
+    "fp8_e5m2_sat" (OCP satfinite)."""
     if isinstance(fmt, FloatFormat):
         return fmt
     try:
@@ -129,9 +157,11 @@ def round_to(x, fmt: str | FloatFormat) -> np.ndarray:
     """Round x to nearest (ties to even) in ``fmt``; the exact narrow values, as float32.
 
     Gradual underflow: below 2**emin the quantum stays 2**(emin - p + 1). Overflow: a value
-    whose rounding with an unbounded exponent exceeds ``max_finite`` becomes +-inf (NaN for
-    formats without inf), so for IEEE formats max_finite + half an ulp (65520 for fp16) and
-    above overflow, as IEEE 754 prescribes. NaN stays NaN and signed zeros keep their sign.
+    whose rounding with an unbounded exponent exceeds ``max_finite`` (so for IEEE formats
+    max_finite + half an ulp, 65520 for fp16, and above) becomes what ``fmt.overflow`` says:
+    +-inf (IEEE 754), NaN, or +-max_finite (saturating; infinite inputs saturate too, as in
+    OCP's satfinite mode and torch's float8_e4m3fn cast). Infinite inputs of a non-saturating
+    format without infinities become NaN. NaN stays NaN and signed zeros keep their sign.
     """
     fmt = get_format(fmt)
     x64 = _as_float64(x)
@@ -143,10 +173,11 @@ def round_to(x, fmt: str | FloatFormat) -> np.ndarray:
         # the scaled value has at most p integer bits plus a fraction: ldexp is exact and
         # np.rint is round-half-to-even, so this is a single correct rounding from float64
         rounded = np.ldexp(np.rint(np.ldexp(x64, -quantum_exp)), quantum_exp)
+        # rint(inf) is inf, so infinite inputs land here too
         overflow = np.abs(rounded) > fmt.max_finite
         if np.any(overflow):
-            big = np.copysign(np.inf if fmt.has_inf else np.nan, x64)
-            rounded = np.where(overflow, big, rounded)
+            big = {"inf": np.inf, "nan": np.nan, "saturate": fmt.max_finite}[fmt.overflow]
+            rounded = np.where(overflow, np.copysign(big, x64), rounded)
     return rounded.astype(np.float32)
 
 

@@ -12,6 +12,10 @@ and the Ozaki schemes (Ozaki et al. 2012; Ozaki, Uchino, Imamura 2024/2025).
   binary128) serves only as a full-matrix cross-check.
 * `exact_int_gemm` multiplies integer matrices with Python ints, the ground truth for the
   CRT (Ozaki scheme II) and INT8/INT16 checks.
+* Metrics: normwise (with a floor tied to the inputs, `gemm_floor`, so a vanishing
+  reference cannot divide by zero), componentwise against |A||B|, and the maximum
+  elementwise relative error against each exact entry itself (floored at u64 (|A||B|)_ij),
+  which a normwise figure lets small entries hide in.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ import numpy as np
 __all__ = [
     "bits_correct",
     "componentwise_error",
+    "elementwise_relative_error",
     "exact_gemm_entries",
     "exact_int_gemm",
+    "exact_pairs",
+    "gemm_floor",
     "gemm_reference",
     "longdouble_gemm",
     "normwise_error",
@@ -159,21 +166,41 @@ def _as_float_array(C: np.ndarray, name: str) -> np.ndarray:
     return C
 
 
-def normwise_error(C: np.ndarray, C_ref: np.ndarray) -> float:
-    """||C - C_ref||_F / ||C_ref||_F, evaluated in longdouble so the metric adds no noise.
+def gemm_floor(A: np.ndarray, B: np.ndarray) -> float:
+    """||A||_F ||B||_F / k: a floor for a GEMM's normwise error, tied to the inputs' scale.
 
-    A zero reference gives 0 when C is also zero and inf otherwise.
+    Unstructured data gives ||AB||_F of about ||A||_F ||B||_F / sqrt(k) (more with a common
+    sign), so this floor sits a factor sqrt(k) below and only matters when the reference
+    nearly vanishes, where a relative error would divide by (almost) zero.
+    """
+    A, B = _check_gemm_operands(A, B)
+    k = max(A.shape[1], 1)
+    norm = [float(np.linalg.norm(np.asarray(X, dtype=np.longdouble).astype(np.float64)))
+            for X in (A, B)]
+    return norm[0] * norm[1] / k
+
+
+def normwise_error(C: np.ndarray, C_ref: np.ndarray, scale: float | None = None) -> float:
+    """||C - C_ref||_F / max(||C_ref||_F, scale), in longdouble so the metric adds no noise.
+
+    ``scale`` is an absolute floor tied to the inputs (`gemm_floor` for a GEMM); without
+    it a zero reference gives 0 when C is also zero and inf otherwise.
     """
     C = _as_float_array(C, "C").astype(np.longdouble)
     C_ref = _as_float_array(C_ref, "C_ref").astype(np.longdouble)
     if C.shape != C_ref.shape:
         raise ValueError(f"shapes differ: C is {C.shape}, C_ref is {C_ref.shape}")
+    floor = scale
+    if floor is not None and not floor > 0:
+        raise ValueError(f"scale must be positive, got {floor}")
     # rescale by the largest magnitude so squares neither overflow nor underflow
-    scale = max(np.max(np.abs(C_ref), initial=0), np.max(np.abs(C - C_ref), initial=0))
-    if scale == 0:
+    peak = max(np.max(np.abs(C_ref), initial=0), np.max(np.abs(C - C_ref), initial=0))
+    if peak == 0:
         return 0.0
-    num = np.sqrt(np.sum(((C - C_ref) / scale) ** 2))
-    den = np.sqrt(np.sum((C_ref / scale) ** 2))
+    num = np.sqrt(np.sum(((C - C_ref) / peak) ** 2))
+    den = np.sqrt(np.sum((C_ref / peak) ** 2))
+    if floor is not None:
+        den = max(den, np.longdouble(floor) / peak)
     if den == 0:
         return math.inf
     return float(num / den)
@@ -235,6 +262,62 @@ def sampled_componentwise_error(
             continue
         worst = max(worst, float(diff) / denom)
     return worst
+
+
+def exact_pairs(exact) -> tuple[np.ndarray, np.ndarray]:
+    """`Fraction` values as float64 pairs hi + lo: hi = RN(x), lo = RN(x - hi).
+
+    x - hi - lo is at most 2^-106 |x|, so the pair stands in for the exact value wherever
+    errors above that are measured, and vectorised code can use it.
+    """
+    hi = np.array([float(x) for x in exact], dtype=np.float64)
+    lo = np.array([float(x - Fraction(h)) for x, h in zip(exact, hi.tolist())],
+                  dtype=np.float64)
+    return hi, lo
+
+
+def elementwise_relative_error(
+    C: np.ndarray,
+    A: np.ndarray,
+    B: np.ndarray,
+    rows: np.ndarray,
+    cols: np.ndarray,
+    exact=None,
+    floor: float = 2.0**-53,
+) -> float:
+    """max over the sampled entries of |C - C*|_ij / max(|C*_ij|, floor (|A||B|)_ij).
+
+    The maximum elementwise relative error: each entry against itself, which a normwise
+    or an |A||B|-relative measure lets small entries hide in. The floor, tied to the
+    inputs' scale (the natural scale of a GEMM entry's error), keeps an exactly or nearly
+    zero C*_ij from dividing by zero; at the default u64 it asks for float64 accuracy of
+    every entry, or of its u64 (|A||B|)_ij when cancellation made it smaller than that.
+    ``exact`` holds the `Fraction` values of `exact_gemm_entries` (computed here unless
+    given) or their `exact_pairs`; the difference (C - hi) - lo is then accurate to about
+    2^-52 of itself plus 2^-106 |C*|. An entry with (|A||B|)_ij = 0 counts 0 if C matches
+    and inf otherwise.
+    """
+    A, B = _check_gemm_operands(A, B)
+    rows = np.asarray(rows, dtype=np.int64).ravel()
+    cols = np.asarray(cols, dtype=np.int64).ravel()
+    if not floor > 0:
+        raise ValueError(f"floor must be positive, got {floor}")
+    if exact is None:
+        exact = exact_gemm_entries(A, B, rows, cols)
+    hi, lo = exact if isinstance(exact, tuple) else exact_pairs(exact)
+    if hi.shape != rows.shape:
+        raise ValueError(f"exact has {hi.size} values for {rows.size} sampled entries")
+    absA = np.abs(A.astype(np.float64))
+    absB = np.abs(B.astype(np.float64))
+    scale = np.einsum("tk,kt->t", absA[rows], absB[:, cols])
+    got = np.asarray(C, dtype=np.float64)[rows, cols]
+    diff = np.abs((got - hi) - lo)
+    denom = np.maximum(np.abs(hi), floor * scale)
+    if np.any(diff[denom == 0] != 0):
+        return math.inf
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(denom > 0, diff / denom, 0.0)
+    return float(np.max(ratio, initial=0.0))
 
 
 def bits_correct(error: float) -> float:

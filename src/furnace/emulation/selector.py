@@ -6,9 +6,14 @@ module does that and goes on from there, for any application whose metric has a
 requirement:
 
 1. **Trace.** Run the application once with an exact (float64) matmul and record every
-   GEMM site: shapes, operand dtype (fp64-class work passes float64 operands) and the
-   operands' extreme magnitudes.
-2. **Range check (Ape).** Drop every type whose range some traced operand exceeds.
+   GEMM site: shapes, operand dtype (fp64-class work passes float64 operands), the
+   operands' extreme magnitudes, and which candidate types' range checks refuse the
+   operands (`EmulatedType.range_problem` on the actual operands, as the type's ``gemm``
+   would see them).
+2. **Range check (Ape).** Drop every type that refuses some traced site. A type that
+   passes here but refuses an operand of its own run (the iterates differ from the
+   trace's) raises `RangeError` there and counts as "failed": a chosen type ran every GEMM
+   inside its error bound.
 3. **Error estimate.** Each type's a-priori GEMM error bound at the largest k; a type whose
    bound misses the requirement by more than `hopeless_factor` is not tried. The bound is a
    GEMM bound, not the application's metric, so it only rules out the hopeless.
@@ -47,6 +52,8 @@ class GemmSite:
     dtype: str
     max_abs: float
     min_nonzero: float
+    # type name -> why its range check refuses this site's operands
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,26 +111,53 @@ class Choice:
         return "\n".join(lines)
 
 
-def trace(app, inputs) -> list[GemmSite]:
-    """Run `app` once with an exact float64 matmul, recording every GEMM site."""
+def trace(app, inputs, types=()) -> list[GemmSite]:
+    """Run `app` once with an exact float64 matmul, recording every GEMM site.
+
+    For each of ``types`` the site records whether its range check refuses the operands,
+    cast to the type's input precision as `type_matmul` casts them.
+    """
+    from .types import _zero_nonfinite, operand_stats
+
     sites: list[GemmSite] = []
 
     def recording(A, B):
         A, B = np.asarray(A), np.asarray(B)
         both = np.concatenate([np.abs(A).ravel(), np.abs(B).ravel()])
         nonzero = both[both > 0]
+        refused, stats = {}, {}
+        for etype in types:
+            dtype = _input_dtype(etype)
+            if not etype.range_from_stats:
+                problem = etype.range_problem(np.asarray(A, dtype=dtype),
+                                              np.asarray(B, dtype=dtype))
+            else:
+                if dtype not in stats:
+                    # the statistics the range checks read, once per input precision;
+                    # operands cast as type_matmul casts them, NaN / inf rows and columns
+                    # left out as gemm leaves them out
+                    with np.errstate(over="ignore"):
+                        stats[dtype] = operand_stats(*_zero_nonfinite(
+                            np.asarray(A, dtype=dtype), np.asarray(B, dtype=dtype)))
+                problem = etype.stats_problem(stats[dtype])
+            if problem is not None:
+                refused[etype.name] = problem
         sites.append(GemmSite(m=A.shape[0], n=B.shape[1], k=A.shape[1], dtype=str(A.dtype),
                               max_abs=float(both.max(initial=0.0)),
-                              min_nonzero=float(nonzero.min()) if nonzero.size else 0.0))
+                              min_nonzero=float(nonzero.min()) if nonzero.size else 0.0,
+                              refused=refused))
         return (A.astype(np.float64) @ B.astype(np.float64)).astype(np.result_type(A, B))
 
     app.run(inputs, recording)
     return sites
 
 
-def _fits(etype, sites: list[GemmSite]) -> bool:
-    extremes = np.array([v for s in sites for v in (s.max_abs, s.min_nonzero)], dtype=float)
-    return bool(etype.fits_range(extremes))
+def _refusal(etype, sites: list[GemmSite]) -> str | None:
+    """The first traced site's reason for refusing ``etype``, or None if every site fits."""
+    for number, site in enumerate(sites):
+        if etype.name in site.refused:
+            return f"GEMM {number}: {site.refused[etype.name]}"
+    return None
 
 
 def _input_dtype(etype):
@@ -144,9 +178,14 @@ def type_matmul(etype, dsa):
 
 
 def modelled_gemm_seconds(etype, sites: list[GemmSite], profile) -> float:
-    """Matrix-unit time of the traced GEMMs under `etype`: native GEMMs x 2mnk / peak."""
+    """Matrix-unit time of the traced GEMMs under `etype`: native GEMMs x 2mnk / peak.
+
+    inf where the profile has no figure for the unit (it ranks such a type last).
+    """
     flops = sum(2 * s.m * s.n * s.k for s in sites)
     if etype.native == "vector":
+        if profile.vector_fp32_flops is None:
+            return float("inf")
         return flops * 10 / profile.vector_fp32_flops  # ~20 fp32 ops per double-float MAC
     peak = profile.matrix_peak_ops.get(etype.native)
     if peak is None:
@@ -182,25 +221,29 @@ def select_type(app, inputs=None, requirement: float | None = None, *, profile="
     requirement = app.requirement if requirement is None else float(requirement)
     if not requirement > 0:
         raise ValueError(f"requirement must be positive, got {requirement}")
-    sites = trace(app, inputs)
+    # INT16 takes integers; no application here passes them
+    pool = [get_type(name) for name in candidates] if candidates is not None else [
+        t for t in TYPES.values() if t.family != "int16"]
+    native = [t for t in pool if t.native == "vector" or t.native in prof.matrix_peak_ops]
+    sites = trace(app, inputs, native)
     choice = Choice(app=app.name, requirement=requirement, profile=prof.name, type_name=None,
                     metric=None, modelled_seconds=None, sites=sites)
     # fp64-class types are candidates only where the application asks for fp64-class GEMMs
     # (passes float64 operands); an fp32 site is emulated with fp32-class or narrower types
     families = ("narrow", "fp32", "fp64") if any(s.dtype == "float64" for s in sites) \
         else ("narrow", "fp32")
-    names = list(candidates) if candidates is not None else [
-        name for name, t in TYPES.items() if t.family in families]
+    etypes = pool if candidates is not None else [t for t in pool if t.family in families]
     k_max = max((s.k for s in sites), default=1)
     ranked = []
-    for name in names:
-        etype = get_type(name)
-        if etype.native != "vector" and etype.native not in prof.matrix_peak_ops:
+    for etype in etypes:
+        name = etype.name
+        if etype not in native:
             choice.trials.append(Trial(name, "not native", detail=f"{prof.name} has no "
                                        f"{etype.native} matrix unit"))
             continue
-        if not _fits(etype, sites):
-            choice.trials.append(Trial(name, "out of range"))
+        refusal = _refusal(etype, sites)
+        if refusal is not None:
+            choice.trials.append(Trial(name, "out of range", detail=refusal[:100]))
             continue
         estimate = float(etype.error_bound(k_max))
         if estimate > requirement * hopeless_factor:
@@ -259,8 +302,23 @@ class PerTileType:
         self.native_gemms = max(t.native_gemms for t in self.types)
         self.tile_counts: dict[str, int] = {t.name: 0 for t in self.types}
 
-    def fits_range(self, *arrays) -> bool:
-        return any(t.fits_range(*arrays) for t in self.types)
+    def fits_range(self, A, B=None) -> bool:
+        return self.range_problem(A, B) is None
+
+    def range_problem(self, A, B=None) -> str | None:
+        """None if some type takes every tile pair (see `gemm`), else the first refusal."""
+        from .types import _as_operands
+
+        A, B = _as_operands(A, B)
+        t = self.tile
+        for i in range(0, A.shape[0], t):
+            for j in range(0, B.shape[1], t):
+                for p in range(0, A.shape[1], t):
+                    a, b = A[i:i + t, p:p + t], B[p:p + t, j:j + t]
+                    problems = [e.range_problem(a, b) for e in self.types]
+                    if all(problems):
+                        return f"tile ({i}, {p}) x ({p}, {j}): {problems[-1]}"
+        return None
 
     def error_bound(self, k: int) -> float:
         return max(t.error_bound(k) for t in self.types)

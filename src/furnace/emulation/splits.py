@@ -4,8 +4,10 @@ Design note `design/emulated_types.md`, sections 2.1-2.2, 4.2, 4.3 and 6.3:
 
 * float splits of Ape (Ma et al., ICS '22): FP32-F (fp16 hi + fp16 lo scaled by 2^12),
   FP32-B (three bf16 pieces), FP32-T (two tf32 pieces), and INT16 as two int8 bytes;
+* power-of-two row/column scaling, shared by the float splits and the Ozaki schemes;
 * Ozaki scheme I slicing (Ozaki et al. 2012; as in ozIMMU, Ootomo, Ozaki, Yokota 2024):
-  power-of-two row/column scaling and fixed-point int8 slices of beta bits;
+  fixed-point int8 slices of beta bits, and the error-free (compensated) float64 sum of
+  its exact level products (Ogita, Rump, Oishi 2005, Sum2);
 * Ozaki scheme II (Ozaki, Uchino, Imamura 2024/2025, GEMMul8): scaling to integers,
   symmetric int8 residues modulo pairwise coprime moduli <= 256, and Chinese remaindering
   by Garner's mixed-radix algorithm with balanced digits followed by float64 Horner;
@@ -40,8 +42,10 @@ __all__ = [
     "garner_digits",
     "mixed_radix_to_int",
     "ozaki1_beta",
+    "compensated_sum",
     "ozaki2_scaling",
     "ozaki_reconstruct",
+    "pow2_shifts",
     "ozaki_slices",
     "scale_to_integers",
     "split_float",
@@ -57,6 +61,26 @@ INT16C_MIN = -128 * 256 - 128
 
 # Veltkamp/Dekker splitting constant for float32 (p = 24): 2^ceil(p/2) + 1
 _DEKKER_SPLITTER_F32 = np.float32(2**12 + 1)
+
+
+# --------------------------------------------------------------------------------------
+# power-of-two scaling
+# --------------------------------------------------------------------------------------
+
+
+def pow2_shifts(X, axis: int, top: int) -> np.ndarray:
+    """Per-row (axis=1) or per-column (axis=0) shifts t with max |x| 2^t in [2^(top-1), 2^top).
+
+    Multiplying by 2^t is exact as long as nothing leaves the float format's range, so a
+    GEMM of scaled operands, scaled back, keeps every error bound of the unscaled one. All-
+    zero rows/columns get t = 0.
+    """
+    arr = np.asarray(X)
+    axis = _check_axis(axis)
+    with np.errstate(invalid="ignore"):
+        peak = np.max(np.abs(arr.astype(np.float64)), axis=axis, initial=0.0)
+    _, e = np.frexp(peak)  # peak < 2^e
+    return np.where(peak > 0, top - e.astype(np.int64), 0).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------
@@ -241,16 +265,45 @@ def ozaki_slices(A, num_slices: int, beta: int, axis: int) -> OzakiSlices:
 
 
 def ozaki_reconstruct(sl: OzakiSlices) -> np.ndarray:
-    """sum_i slices[i] 2^(e - beta(i+1)) in float64, smallest slices first.
+    """sum_i slices[i] 2^(e - beta(i+1)) in float64 by `compensated_sum`.
 
-    Exact while s*beta <= 53 (the partial sums stay on the 53-bit grid below 2^e).
+    Exact while s*beta <= 53 (the value is on the 53-bit grid below 2^e); beyond, the
+    float64 nearest to the exact sum up to Sum2's second-order term.
     """
     shape = (-1, 1) if sl.axis == 1 else (1, -1)
     e = sl.exponents.reshape(shape)
-    total = np.zeros(sl.slices[0].shape, dtype=np.float64)
-    for i in reversed(range(len(sl.slices))):
-        total = total + np.ldexp(sl.slices[i].astype(np.float64), e - sl.beta * (i + 1))
-    return total
+    terms = [np.ldexp(sl.slices[i].astype(np.float64), e - sl.beta * (i + 1))
+             for i in range(len(sl.slices))]
+    hi, lo = compensated_sum(terms)
+    return hi + lo
+
+
+def _two_sum64(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def compensated_sum(terms) -> tuple[np.ndarray, np.ndarray]:
+    """Sum of float64 arrays as hi + lo: Ogita, Rump, Oishi's Sum2 (SIAM J. Sci. Comput.
+    26(6), 2005, Algorithm 4.4), elementwise.
+
+    hi is the float64 running sum, each addition's rounding error is recovered exactly by
+    TwoSum and collected in lo. fl(hi + lo) errs from the exact sum S by at most
+    u|S| + gamma_(n-1)^2 sum|terms| (u = 2^-53): as if the sum were computed in twice the
+    precision and rounded once. Ozaki scheme I adds its exact integer levels so, most
+    significant first, instead of losing u of the running sum at each of them. No overflow
+    is assumed (the levels are scaled to about 1).
+    """
+    terms = [np.asarray(t, dtype=np.float64) for t in terms]
+    if not terms:
+        raise ValueError("compensated_sum needs at least one term")
+    hi = terms[0]
+    lo = np.zeros_like(hi)
+    for t in terms[1:]:
+        hi, err = _two_sum64(hi, t)
+        lo = lo + err
+    return hi, lo
 
 
 # --------------------------------------------------------------------------------------

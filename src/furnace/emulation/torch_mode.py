@@ -28,6 +28,11 @@ whatever the mode does, its body then runs with the mode switched off, so none o
 products can be emulated. Attention written with ``nn.Linear`` and
 ``F.scaled_dot_product_attention`` (or explicit matmuls) is fully routed.
 
+NaN and infinities propagate as in native torch: the catalogue's types give the NaN / inf
+entries a native GEMM gives (`types.ieee_nonfinite_products`), forward and backward. A type
+that cannot vouch for a product (`types.RangeError`, e.g. FP32-F on a row whose magnitudes
+spread beyond fp16's) raises instead of returning it.
+
 Batched and broadcast products are looped over the batch in Python, which is fine for the
 small models this is meant for. A gemm that returns anything but a float32 array of the right
 shape raises `EmulatedGemmError` (a RuntimeError: ``a @ b`` turns a TypeError into "unsupported
@@ -70,13 +75,32 @@ def gemm_from_type(type_name: str, dsa=None) -> Gemm:
             "furnace.emulation.types is not available; pass a gemm callable instead of a "
             f"type name ({err})"
         ) from err
-    emulated = get_type(type_name)
-    device = DSA("toy") if dsa is None else dsa
+    gemm = _type_gemm(get_type(type_name), DSA("toy") if dsa is None else dsa)
+    gemm.__name__ = f"gemm_{type_name}"
+    return gemm
+
+
+def _type_gemm(emulated, device) -> Gemm:
+    """``gemm(a, b)`` of an object with ``.gemm(A, B, dsa)``, float32 out.
+
+    An fp64-class type (Ozaki, DF32) takes the float32 operands exactly and its more
+    accurate product is rounded once to the float32 result torch expects; INT16 takes
+    integers, which a float32 matmul never passes, so it is refused here rather than at
+    the first product.
+    """
+    family = getattr(emulated, "family", None)
+    if family == "int16":
+        raise ValueError(
+            f"{getattr(emulated, 'name', 'INT16')} multiplies integers; emulated_matmul "
+            "routes float32 matmuls: choose a float type (e.g. FP32-F, FP32-B, OZ2-N12)"
+        )
 
     def gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return emulated.gemm(a, b, device)
+        out = emulated.gemm(a, b, device)
+        if family == "fp64":
+            out = np.asarray(out).astype(np.float32)
+        return out
 
-    gemm.__name__ = f"gemm_{type_name}"
     return gemm
 
 
@@ -455,11 +479,7 @@ def emulated_matmul(
             from furnace.emulation.dsa import DSA
 
             dsa = DSA("toy")
-
-        def gemm(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            return method(a, b, dsa)
-
-        return EmulatedMatmulMode(gemm, strict=strict, dsa=dsa)
+        return EmulatedMatmulMode(_type_gemm(type_or_gemm, dsa), strict=strict, dsa=dsa)
     if dsa is not None:
         raise ValueError(
             "dsa is only used with a type name or an EmulatedType; a gemm "
