@@ -18,12 +18,19 @@ Time is kept in one of two ways, and labelled so:
   launched with ``torchrun`` (``torchrun --nproc-per-node 8 -m furnace.cli moe bench
   --mode measured``).
 
+The policies run round-robin in one launch: each round runs one step of every policy,
+in an order that rotates from round to round, so a job that starts on the host's cores
+mid-run slows all of them alike. A policy's step time is the median over the rounds and
+a speedup the median of the rounds' paired ratios. In emulated mode this host's compute
+speed is probed after every round as well (`_HostProbe`), for the simulator's validation.
+
 Every run reports per-rank bytes and messages (from the `CommLog`), tokens computed,
 max/mean load, shadowed experts and the group size the performance model chose.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -31,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from furnace.runtime.comm import Communicator
 from furnace.runtime.launch import init_from_env, is_torchrun, run_distributed
@@ -52,6 +60,36 @@ POLICIES: dict[str, dict] = {
 }
 
 
+MODES = ("emulated", "virtual", "measured")
+ROUTINGS = ("hot", "zipf", "uniform", "trace")
+# above this the Zipf head already takes > 99.9% of the tokens, and larger exponents
+# overflow the power at thousands of experts
+MAX_ZIPF_EXPONENT = 10.0
+
+
+class BenchConfigError(ValueError):
+    """A `BenchConfig` field out of range. ``field`` names it and ``allowed`` says what is
+    allowed, so the command line can name its own flag instead of the field."""
+
+    def __init__(self, field: str, allowed: str) -> None:
+        self.field = field
+        self.allowed = allowed
+        super().__init__(f"{field} {allowed}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _finite_in(value, lo: float, hi: float) -> bool:
+    return (isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+            and math.isfinite(value) and lo <= value <= hi)
+
+
+def _divisors(n: int) -> list[int]:
+    return [g for g in range(1, n + 1) if n % g == 0]
+
+
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig:
     """One benchmark run: model size, routing, ranks, timing mode.
@@ -70,7 +108,12 @@ class BenchConfig:
             "measured" (no emulation; real links, e.g. NCCL under torchrun).
         steps, warmup: timed and untimed steps per policy.
         policies: which of `POLICIES` to run.
+        seed: seeds the weights and the synthetic gate.
         group_size: force the smart schedule's G (None: the performance model chooses).
+        trace_probabilities: the per-expert shares of routing="trace".
+
+    Raises:
+        BenchConfigError: a field is out of range (a ValueError that names the field).
     """
 
     world_size: int = 4
@@ -91,22 +134,50 @@ class BenchConfig:
     trace_probabilities: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.mode not in ("emulated", "virtual", "measured"):
-            raise ValueError(f"mode must be 'emulated', 'virtual' or 'measured', "
-                             f"got {self.mode!r}")
-        if self.routing not in ("hot", "zipf", "uniform", "trace"):
-            raise ValueError(f"routing must be hot, zipf, uniform or trace, "
-                             f"got {self.routing!r}")
-        if self.routing == "trace" and (self.trace_probabilities is None
-                                        or len(self.trace_probabilities) != self.num_experts):
-            raise ValueError(f"routing='trace' needs {self.num_experts} trace_probabilities")
-        unknown = set(self.policies) - set(POLICIES)
-        if unknown:
-            raise ValueError(f"unknown policies {sorted(unknown)}; known: {sorted(POLICIES)}")
-        if not 0.0 <= self.hot_share <= 1.0:
-            raise ValueError(f"hot_share must be in [0, 1], got {self.hot_share}")
-        if self.steps < 1 or self.warmup < 0 or self.world_size < 1:
-            raise ValueError("steps >= 1, warmup >= 0 and world_size >= 1 are required")
+        def need(ok: bool, name: str, allowed: str) -> None:
+            if not ok:
+                raise BenchConfigError(name, allowed)
+
+        for name in ("world_size", "experts_per_rank", "d_model", "d_hidden",
+                     "tokens_per_rank", "steps"):
+            value = getattr(self, name)
+            need(_is_int(value) and value >= 1, name, f"must be an integer >= 1, got {value!r}")
+        need(_is_int(self.warmup) and self.warmup >= 0, "warmup",
+             f"must be an integer >= 0, got {self.warmup!r}")
+        need(_is_int(self.seed), "seed", f"must be an integer, got {self.seed!r}")
+        need(self.mode in MODES, "mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}")
+        need(self.routing in ROUTINGS, "routing",
+             f"must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
+        need(_is_int(self.top_k) and 1 <= self.top_k <= self.num_experts, "top_k",
+             f"must be an integer in [1, {self.num_experts}] (the number of experts), "
+             f"got {self.top_k!r}")
+        need(_finite_in(self.hot_share, 0.0, 1.0), "hot_share",
+             f"must be a finite number in [0, 1], got {self.hot_share!r}")
+        need(_finite_in(self.zipf_exponent, 0.0, MAX_ZIPF_EXPONENT), "zipf_exponent",
+             f"must be a finite number in [0, {MAX_ZIPF_EXPONENT:g}], "
+             f"got {self.zipf_exponent!r}")
+        policies = tuple(self.policies)
+        need(len(policies) > 0, "policies", "must name at least one policy")
+        unknown = [p for p in policies if p not in POLICIES]
+        need(not unknown, "policies",
+             f"must be among {', '.join(POLICIES)}, got {', '.join(map(str, unknown))}")
+        need(len(set(policies)) == len(policies), "policies",
+             f"must not repeat a policy, got {' '.join(policies)}")
+        if self.group_size is not None:
+            need(_is_int(self.group_size) and self.group_size >= 1
+                 and self.world_size % self.group_size == 0, "group_size",
+                 f"must divide the number of ranks {self.world_size} (one of "
+                 f"{', '.join(str(g) for g in _divisors(self.world_size))}), "
+                 f"got {self.group_size!r}")
+        if self.routing == "trace":
+            p = self.trace_probabilities
+            ok = p is not None and len(p) == self.num_experts
+            if ok:
+                arr = np.asarray(p, dtype=np.float64)
+                ok = bool(np.isfinite(arr).all() and (arr >= 0).all()
+                          and np.isclose(arr.sum(), 1.0))
+            need(ok, "trace_probabilities", f"routing='trace' needs {self.num_experts} "
+                 "non-negative trace_probabilities summing to 1")
 
     @property
     def num_experts(self) -> int:
@@ -124,7 +195,11 @@ class BenchConfig:
 
 @dataclass
 class PolicyResult:
-    """One policy's numbers; times are in the run's mode (emulated or virtual-clock)."""
+    """One policy's numbers; times are in the run's mode (emulated or virtual-clock).
+
+    ``step_times`` has one entry per timed round (the slowest rank's), ``step_s`` is
+    their median.
+    """
 
     policy: str
     step_s: float
@@ -151,15 +226,25 @@ class BenchResult:
     step_overhead_s: float
     flops_single_thread: float
     results: dict[str, PolicyResult] = field(default_factory=dict)
+    # emulated runs: the one-core rate of each timed round, from the probe after it
+    round_flops_single_thread: list[float] = field(default_factory=list)
 
     def speedup(self, policy: str, over: str = "baseline") -> float:
-        return self.results[over].step_s / self.results[policy].step_s
+        """Median over the rounds of ``over``'s step time / ``policy``'s in the same round.
+
+        The policies run round-robin, so each ratio pairs steps taken moments apart: a
+        change in how busy the host is cancels out of it, and the median drops a round that
+        was disturbed anyway.
+        """
+        a, b = self.results[over].step_times, self.results[policy].step_times
+        return float(statistics.median(x / y for x, y in zip(a, b)))
 
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "label": self.label, "topology": self.topology,
                 "flops_per_s": self.flops_per_s, "bandwidth_Bps": self.bandwidth_Bps,
                 "latency_s": self.latency_s, "step_overhead_s": self.step_overhead_s,
                 "flops_single_thread": self.flops_single_thread,
+                "round_flops_single_thread": self.round_flops_single_thread,
                 "results": {k: asdict(v) for k, v in self.results.items()}}
 
 
@@ -168,52 +253,74 @@ def testbed() -> Topology:
     return v100_50gbps(gpus_per_node=1)
 
 
-def _measure_expert_flops(cfg: BenchConfig, comm: Communicator) -> tuple[float, float]:
-    """Two compute rates of this host, in expert FLOP/s per rank.
+class _HostProbe:
+    """This host's expert compute speed, measured at the start of a run and between its rounds.
 
-    - all ranks running one expert's fwd+bwd at once (the slowest rank's rate): the
-      device speed the emulated link is balance-matched to;
+    The start gives two rates, in expert FLOP/s per rank:
+
+    - all ranks running one expert's fwd+bwd at once (the slowest rank's rate): the device
+      speed the emulated link is balance-matched to;
     - the speed of one core when every core is busy, for a whole local MoE layer step
       (gate, dispatch, expert, combine, fwd+bwd), so it also covers the layer's non-GEMM
       work: rank 0 alone times the layer, and the expert GEMMs timed alone and all
       together give the slowdown of a fully loaded host (shared caches, memory
       bandwidth, switching). This is the rate the simulator is validated with.
+
+    `together` re-times the all-ranks expert step; between the benchmark's rounds it tracks
+    how busy the host is while the policies run (another job on the cores slows the probe
+    and the policies alike), so the simulator gets the rate of each round, not only the
+    rate of the moment the run started.
     """
-    from .experts import MLPExperts
 
-    T = cfg.tokens_per_rank
-    bank = MLPExperts(1, cfg.d_model, cfg.d_hidden)
-    layer = MoETransformerMLP(d_model=cfg.d_model, d_hidden=cfg.d_hidden, num_experts=1,
-                              top_k=1)
-    x = torch.randn(T, cfg.d_model, requires_grad=True)
-    reps = 3
-    flops = reps * 3 * bank.flops_per_token() * T
+    def __init__(self, cfg: BenchConfig, comm: Communicator) -> None:
+        from .experts import MLPExperts
 
-    def timed(step) -> float:
-        step()
+        self.comm = comm
+        self.tokens = cfg.tokens_per_rank
+        self.bank = MLPExperts(1, cfg.d_model, cfg.d_hidden)
+        self.layer = MoETransformerMLP(d_model=cfg.d_model, d_hidden=cfg.d_hidden,
+                                       num_experts=1, top_k=1)
+        self.x = torch.randn(self.tokens, cfg.d_model, requires_grad=True)
+        self.flops = 3 * self.bank.flops_per_token() * self.tokens
+
+    def _expert_step(self) -> None:
+        self.bank(self.x, [self.tokens]).sum().backward()
+
+    def _layer_step(self) -> None:
+        self.layer(self.x).sum().backward()
+
+    def _timed(self, step, reps: int, warm: bool = True) -> float:
+        if warm:
+            step()
         t0 = time.perf_counter()
         for _ in range(reps):
             step()
-        return time.perf_counter() - t0
+        return (time.perf_counter() - t0) / reps
 
-    def expert_step() -> None:
-        bank(x, [T]).sum().backward()
+    def together(self, reps: int = 1, warm: bool = False) -> float:
+        """Seconds of one expert fwd+bwd with every rank running it at once (slowest rank).
 
-    def layer_step() -> None:
-        layer(x).sum().backward()
+        Between rounds the bank is warm already, so no untimed step runs first.
+        """
+        self.comm.barrier()
+        elapsed = torch.tensor([self._timed(self._expert_step, reps, warm)],
+                               dtype=torch.float64)
+        self.comm.all_reduce(elapsed, "max")
+        return float(elapsed)
 
-    comm.barrier()
-    together = torch.tensor([timed(expert_step)], dtype=torch.float64)
-    comm.all_reduce(together, "max")
-    alone = torch.zeros(2, dtype=torch.float64)
-    comm.barrier()
-    if comm.rank == 0:
-        alone[0], alone[1] = timed(expert_step), timed(layer_step)
-    comm.all_reduce(alone, "max")
-    cores = min(os.cpu_count() or 1, comm.world_size)
-    # ideal sharing would give each rank cores / W of a core
-    loaded = min(1.0, float(alone[0]) * comm.world_size / (cores * float(together)))
-    return flops / float(together), loaded * flops / float(alone[1])
+    def calibrate(self, reps: int = 3) -> tuple[float, float, float]:
+        """(all-ranks expert rate, loaded one-core layer rate, `together` seconds now)."""
+        together = self.together(reps, warm=True)
+        alone = torch.zeros(2, dtype=torch.float64)
+        self.comm.barrier()
+        if self.comm.rank == 0:
+            alone[0] = self._timed(self._expert_step, reps)
+            alone[1] = self._timed(self._layer_step, reps)
+        self.comm.all_reduce(alone, "max")
+        cores = min(os.cpu_count() or 1, self.comm.world_size)
+        # ideal sharing would give each rank cores / W of a core
+        loaded = min(1.0, float(alone[0]) * self.comm.world_size / (cores * together))
+        return self.flops / together, loaded * self.flops / float(alone[1]), together
 
 
 def _measure_step_overhead(topology: Topology, reps: int = 10) -> float:
@@ -240,11 +347,13 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     device = plain.device
     overhead = 0.0
     single = 0.0
+    probe = None
     if cfg.mode == "measured":
         topology = testbed()
         netem_mode = None
     elif cfg.mode == "emulated":
-        flops, single = _measure_expert_flops(cfg, plain)
+        probe = _HostProbe(cfg, plain)
+        flops, single, probe_start = probe.calibrate()
         cpu = Device(name="this CPU (measured expert MLP)", peak_flops={"float32": flops},
                      memory_bytes=2**30, memory_bandwidth_Bps=1e10)
         topology = balance_matched(testbed(), cpu)
@@ -255,9 +364,10 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
         netem_mode = "virtual"
     out = {"topology": topology.name, "flops_per_s": topology.device.flops("float32"),
            "bandwidth_Bps": topology.inter_node.bandwidth_Bps, "step_overhead_s": overhead,
-           "flops_single_thread": single,
+           "flops_single_thread": single, "round_flops_single_thread": [],
            "policies": {}}
     probabilities = cfg.probabilities()
+    runs = {}
     for policy in cfg.policies:
         torch.manual_seed(cfg.seed)
         gate = SyntheticGate(cfg.d_model, cfg.num_experts, cfg.top_k,
@@ -275,29 +385,29 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
             topology=topology, step_overhead_s=overhead, **options))
         x = torch.randn(cfg.tokens_per_rank, cfg.d_model, device=device, requires_grad=True)
         grad = torch.randn(cfg.tokens_per_rank, cfg.d_model, device=device)
-        times, cpu, per_step = [], [], []
-        for step in range(cfg.warmup + cfg.steps):
-            comm.barrier()
-            _sync(device)
-            before = len(comm.log)
-            t0, c0 = time.perf_counter(), time.process_time()
-            v0 = network.now() if network is not None else 0.0
-            layer(x).backward(grad)
-            _sync(device)
-            elapsed = (network.now() - v0) if netem_mode == "virtual" else (
-                time.perf_counter() - t0)
-            layer.zero_grad(set_to_none=True)
-            x.grad = None
+        runs[policy] = {"layer": layer, "comm": comm, "network": network, "x": x,
+                        "grad": grad, "times": [], "cpu": [], "per_step": []}
+    # round-robin: each round runs one step of every policy, so a change in how busy the
+    # host is (another job starting) reaches all policies alike, and the probe after the
+    # round measures the compute speed the round ran at
+    for step in range(cfg.warmup + cfg.steps):
+        # the order rotates from round to round, so no policy always runs first or after
+        # the same other one
+        k = step % len(cfg.policies)
+        for policy in cfg.policies[k:] + cfg.policies[:k]:
+            run = runs[policy]
+            elapsed, cpu_s, traffic = _one_step(run, device, netem_mode)
             if step >= cfg.warmup:
-                times.append(elapsed)
-                cpu.append(time.process_time() - c0)
-                recs = comm.log.records[before:]
-                per_step.append((sum(r.bytes_sent for r in recs),
-                                 sum(r.bytes_received for r in recs),
-                                 sum(r.messages for r in recs)))
-        stats = layer.parallel.stats
+                run["times"].append(elapsed)
+                run["cpu"].append(cpu_s)
+                run["per_step"].append(traffic)
+        if probe is not None and step >= cfg.warmup:
+            out["round_flops_single_thread"].append(single * probe_start / probe.together())
+    for policy, run in runs.items():
+        stats = run["layer"].parallel.stats
+        per_step = run["per_step"]
         out["policies"][policy] = {
-            "times": times, "cpu_s": statistics.median(cpu),
+            "times": run["times"], "cpu_s": statistics.median(run["cpu"]),
             "bytes_sent": per_step[-1][0], "bytes_received": per_step[-1][1],
             "messages": per_step[-1][2], "tokens_computed": stats.tokens_computed,
             "load_max_over_mean": stats.load_max_over_mean, "shadowed": stats.shadowed,
@@ -307,6 +417,26 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     return out
 
 
+def _one_step(run: dict, device: torch.device, netem_mode: str | None):
+    """One timed fwd+bwd of a policy's layer: (seconds, CPU seconds, (bytes out, in, msgs))."""
+    layer, comm, network, x = run["layer"], run["comm"], run["network"], run["x"]
+    comm.barrier()
+    _sync(device)
+    before = len(comm.log)
+    t0, c0 = time.perf_counter(), time.process_time()
+    v0 = network.now() if network is not None else 0.0
+    layer(x).backward(run["grad"])
+    _sync(device)
+    elapsed = (network.now() - v0) if netem_mode == "virtual" else (time.perf_counter() - t0)
+    cpu_s = time.process_time() - c0
+    layer.zero_grad(set_to_none=True)
+    x.grad = None
+    recs = comm.log.records[before:]
+    return elapsed, cpu_s, (sum(r.bytes_sent for r in recs),
+                            sum(r.bytes_received for r in recs),
+                            sum(r.messages for r in recs))
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -314,23 +444,32 @@ def _sync(device: torch.device) -> None:
 
 def run_bench(cfg: BenchConfig, *, timeout_s: float = 600) -> BenchResult:
     """Run every policy of ``cfg``: on ``cfg.world_size`` spawned gloo ranks, or, under
-    torchrun, on the launched ranks (NCCL on GPUs); every rank gets the result."""
-    if is_torchrun():
-        import torch.distributed as dist
+    torchrun, on the launched ranks (NCCL on GPUs); every rank gets the result.
 
-        ctx = init_from_env()
-        if ctx.world_size != cfg.world_size:
-            cfg = replace(cfg, world_size=ctx.world_size)
-        per_rank: list = [None] * ctx.world_size
-        dist.all_gather_object(per_rank, _bench_rank(ctx.rank, ctx.world_size, cfg))
+    Under torchrun the process group is joined here and left here: all ranks meet at a
+    barrier and destroy it on the way out, on success and on error, so no rank exits
+    while a peer still holds the group (which aborts at exit with "terminate called
+    without an active exception").
+    """
+    if is_torchrun():
+        with init_from_env(timeout_s=timeout_s) as ctx:
+            if ctx.world_size != cfg.world_size:
+                cfg = replace(cfg, world_size=ctx.world_size)
+            per_rank: list = [None] * ctx.world_size
+            dist.all_gather_object(per_rank, _bench_rank(ctx.rank, ctx.world_size, cfg))
     else:
         per_rank = run_distributed(_bench_rank, cfg.world_size, cfg, timeout_s=timeout_s)
+    return _assemble(cfg, per_rank)
+
+
+def _assemble(cfg: BenchConfig, per_rank: list[dict]) -> BenchResult:
     head = per_rank[0]
     label = {"emulated": "emulated", "virtual": "virtual-clock",
              "measured": "measured"}[cfg.mode]
     result = BenchResult(cfg, label, head["topology"], head["flops_per_s"],
                          head["bandwidth_Bps"], head["latency_s"], head["step_overhead_s"],
-                         head["flops_single_thread"])
+                         head["flops_single_thread"],
+                         round_flops_single_thread=head["round_flops_single_thread"])
     for policy in cfg.policies:
         rows = [r["policies"][policy] for r in per_rank]
         # a step ends when its slowest rank does

@@ -1,14 +1,62 @@
-"""`furnace moe`: the FasterMoE benchmark and simulator from the command line.
+"""`furnace moe`: the FasterMoE benchmark and simulator from the command line (He et al.,
+PPoPP'22, sections 4-5: the techniques side by side, and the step simulator).
 
-    furnace moe bench [--mode emulated|virtual] [--world-size 4] [--routing hot] ...
+    furnace moe bench [--mode emulated|virtual|measured] [--world-size 4] [--routing hot] ...
     furnace moe simulate --gpus 256 [--routing zipf --zipf-exponent 1.0] [--trace t.json]
+
+Every argument is checked before a rank is spawned or a step simulated (the contract of
+`furnace.runtime.cliargs`): a mistake exits 2 with one line naming the flag.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
-import sys
+import os
+
+from furnace.runtime.atomic import atomic_write_text
+from furnace.runtime.cliargs import (
+    UsageError,
+    float_in,
+    int_in,
+    output_file,
+    positive_float,
+    positive_int,
+)
+
+from .bench import MAX_ZIPF_EXPONENT, POLICIES, BenchConfigError
+
+# the simulator's task graph and the W x W counts grow with the square of the GPUs
+MAX_SIMULATED_GPUS = 1024
+# spawning more local gloo ranks than this is a typo, not a benchmark
+MAX_LOCAL_RANKS = 64
+
+# BenchConfig field -> the flag that sets it, so a config error names what the user typed
+BENCH_FLAGS = {
+    "world_size": "--world-size", "experts_per_rank": "--experts-per-rank",
+    "d_model": "--d-model", "d_hidden": "--d-hidden", "tokens_per_rank": "--tokens",
+    "top_k": "--top-k", "routing": "--routing", "hot_share": "--hot-share",
+    "zipf_exponent": "--zipf-exponent", "mode": "--mode", "steps": "--steps",
+    "policies": "--policies", "group_size": "--group-size",
+}
+
+share = float_in(0.0, 1.0)
+zipf_exponent = float_in(0.0, MAX_ZIPF_EXPONENT)
+
+
+def _node_presets() -> dict[str, str]:
+    """Topology presets with a node size, and the keyword their factory takes it by."""
+    from furnace.runtime.presets import PRESETS
+
+    out = {}
+    for name, factory in PRESETS.items():
+        params = inspect.signature(factory).parameters
+        for keyword in ("gpus_per_node", "ranks_per_node"):
+            if keyword in params:
+                out[name] = keyword
+                break
+    return out
 
 
 def add_parser(subparsers) -> None:
@@ -24,64 +72,102 @@ def add_parser(subparsers) -> None:
                        help="emulated: wall clock on a sleeping link balance-matched to "
                        "V100 + 50 Gb/s; virtual: deterministic clock of that testbed; "
                        "measured: no emulation (use under torchrun on GPUs)")
-    bench.add_argument("--world-size", type=int, default=4)
-    bench.add_argument("--experts-per-rank", type=int, default=1)
-    bench.add_argument("--routing", choices=("hot", "zipf", "uniform"), default="hot")
-    bench.add_argument("--hot-share", type=float, default=0.5)
-    bench.add_argument("--zipf-exponent", type=float, default=1.2)
-    bench.add_argument("--tokens", type=int, default=2048, help="tokens per rank")
-    bench.add_argument("--d-model", type=int, default=256)
-    bench.add_argument("--d-hidden", type=int, default=1024)
-    bench.add_argument("--top-k", type=int, default=1)
-    bench.add_argument("--steps", type=int, default=3)
-    bench.add_argument("--group-size", type=int, default=None,
-                       help="force the smart schedule's G (default: the model chooses)")
-    bench.add_argument("--policies", nargs="+", default=["baseline", "shadow", "smart", "both"])
-    bench.add_argument("--json", help="also write the full result here")
+    bench.add_argument("--world-size", type=int_in(1, MAX_LOCAL_RANKS), default=None,
+                       help="local gloo ranks to spawn (default: 4); under torchrun the "
+                       "launched ranks, and if given it must match them")
+    bench.add_argument("--experts-per-rank", type=positive_int, default=1,
+                       help="experts E on each rank")
+    bench.add_argument("--routing", choices=("hot", "zipf", "uniform"), default="hot",
+                       help="synthetic routing skew of the first choices")
+    bench.add_argument("--hot-share", type=share, default=0.5,
+                       help="share of first choices on expert 0 (--routing hot)")
+    bench.add_argument("--zipf-exponent", type=zipf_exponent, default=1.2,
+                       help="skew of --routing zipf")
+    bench.add_argument("--tokens", type=positive_int, default=2048, help="tokens per rank")
+    bench.add_argument("--d-model", type=positive_int, default=256, help="token width H")
+    bench.add_argument("--d-hidden", type=positive_int, default=1024,
+                       help="expert hidden width F")
+    bench.add_argument("--top-k", type=positive_int, default=1,
+                       help="experts per token, at most --world-size x --experts-per-rank")
+    bench.add_argument("--steps", type=positive_int, default=3, help="timed steps per policy")
+    bench.add_argument("--group-size", type=positive_int, default=None,
+                       help="force the smart schedule's G, a divisor of the ranks "
+                       "(default: the model chooses)")
+    bench.add_argument("--policies", nargs="+", choices=tuple(POLICIES),
+                       default=list(POLICIES), metavar="POLICY",
+                       help=f"policies to run: {', '.join(POLICIES)}")
+    bench.add_argument("--json", type=output_file, help="also write the full result here")
     bench.set_defaults(func=_bench)
 
+    presets = _node_presets()
     sim = sub.add_parser("simulate", help="simulate one layer step at 16-1024 GPUs")
-    sim.add_argument("--gpus", type=int, nargs="+", default=[16, 64, 256])
-    sim.add_argument("--preset", default="v100-50gbps", help="topology preset")
-    sim.add_argument("--gpus-per-node", type=int, default=4)
-    sim.add_argument("--routing", choices=("hot", "zipf", "uniform"), default="zipf")
-    sim.add_argument("--hot-share", type=float, default=0.05)
-    sim.add_argument("--zipf-exponent", type=float, default=1.0)
-    sim.add_argument("--tokens", type=int, default=2048, help="tokens per GPU")
-    sim.add_argument("--d-model", type=int, default=1024)
-    sim.add_argument("--d-hidden", type=int, default=4096)
-    sim.add_argument("--capacity-factor", type=float, default=1.2,
+    sim.add_argument("--gpus", type=int_in(1, MAX_SIMULATED_GPUS), nargs="+",
+                     default=[16, 64, 256], help="GPU counts to simulate")
+    sim.add_argument("--preset", choices=tuple(presets), default="v100-50gbps",
+                     help="topology preset")
+    sim.add_argument("--gpus-per-node", type=positive_int, default=4,
+                     help="GPUs (ranks) that share a node's fast links")
+    sim.add_argument("--routing", choices=("hot", "zipf", "uniform"), default="zipf",
+                     help="synthetic routing skew of the first choices")
+    sim.add_argument("--hot-share", type=share, default=0.05,
+                     help="share of first choices on expert 0 (--routing hot)")
+    sim.add_argument("--zipf-exponent", type=zipf_exponent, default=1.0,
+                     help="skew of --routing zipf")
+    sim.add_argument("--tokens", type=positive_int, default=2048, help="tokens per GPU")
+    sim.add_argument("--d-model", type=positive_int, default=1024, help="token width H")
+    sim.add_argument("--d-hidden", type=positive_int, default=4096,
+                     help="expert hidden width F")
+    sim.add_argument("--capacity-factor", type=positive_float, default=1.2,
                      help="also simulate a GShard capacity gate with this factor")
-    sim.add_argument("--max-steps", type=int, default=32,
+    sim.add_argument("--max-steps", type=positive_int, default=32,
                      help="at most this many smart-schedule steps")
-    sim.add_argument("--trace", help="write the Chrome trace of the best policy's step "
-                     "(largest GPU count) here")
-    sim.set_defaults(func=_simulate)
+    sim.add_argument("--trace", type=output_file, help="write the Chrome trace of the best "
+                     "policy's step (largest GPU count) here")
+    sim.set_defaults(func=_simulate, _node_keyword=presets)
+
+
+def bench_config(args: argparse.Namespace):
+    """The `BenchConfig` of ``moe bench``'s arguments; raises `UsageError` naming the flag.
+
+    Under torchrun the ranks are the launched ones, so the checks that depend on the
+    number of ranks (``--top-k``, ``--group-size``) use torchrun's world size.
+    """
+    from furnace.runtime.launch import is_torchrun
+
+    from .bench import BenchConfig
+
+    world_size = 4 if args.world_size is None else args.world_size
+    if is_torchrun():
+        launched = int(os.environ["WORLD_SIZE"])
+        if args.world_size is not None and args.world_size != launched:
+            raise UsageError("--world-size", f"must match torchrun's {launched} ranks, "
+                             f"got {args.world_size}")
+        world_size = launched
+    try:
+        return BenchConfig(world_size=world_size, experts_per_rank=args.experts_per_rank,
+                           d_model=args.d_model, d_hidden=args.d_hidden,
+                           tokens_per_rank=args.tokens, top_k=args.top_k,
+                           routing=args.routing, hot_share=args.hot_share,
+                           zipf_exponent=args.zipf_exponent, mode=args.mode,
+                           steps=args.steps, policies=tuple(args.policies),
+                           group_size=args.group_size)
+    except BenchConfigError as exc:
+        raise UsageError(BENCH_FLAGS.get(exc.field, exc.field), exc.allowed) from None
 
 
 def _bench(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .bench import BenchConfig, format_table, run_bench
-
-    try:
-        cfg = BenchConfig(world_size=args.world_size, experts_per_rank=args.experts_per_rank,
-                          d_model=args.d_model, d_hidden=args.d_hidden,
-                          tokens_per_rank=args.tokens, top_k=args.top_k, routing=args.routing,
-                          hot_share=args.hot_share, zipf_exponent=args.zipf_exponent,
-                          mode=args.mode, steps=args.steps, policies=tuple(args.policies),
-                          group_size=args.group_size)
-    except ValueError as exc:
-        print(f"furnace moe bench: {exc}", file=sys.stderr)
-        return 2
     from furnace.runtime.launch import is_torchrun
 
+    from .bench import format_table, run_bench
+
+    cfg = bench_config(args)
     console = Console()
     if is_torchrun():
+        # every rank runs and leaves the process group inside run_bench; rank 0 reports
         result = run_bench(cfg)
-        import torch.distributed as dist
-
-        if dist.get_rank() != 0:
+        if int(os.environ["RANK"]) != 0:
             return 0
     else:
         with console.status(f"running {len(cfg.policies)} policies on {cfg.world_size} "
@@ -97,8 +183,7 @@ def _bench(args: argparse.Namespace) -> int:
                       f"device {result.flops_per_s / 1e9:.3g} GFLOP/s per rank")
     console.print("bytes and messages are per rank and step, from the CommLog")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result.to_dict(), f, indent=2)
+        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=2) + "\n")
     return 0
 
 
@@ -112,11 +197,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from .simulate import choose_policy, simulate_policies, simulate_step, synthetic_counts
     from .workload import hot_expert, uniform, zipf
 
-    try:
-        topology = get_preset(args.preset, gpus_per_node=args.gpus_per_node)
-    except (TypeError, ValueError) as exc:
-        print(f"furnace moe simulate: {exc}", file=sys.stderr)
-        return 2
+    topology = get_preset(args.preset, **{args._node_keyword[args.preset]: args.gpus_per_node})
     table = Table(title=f"Simulated MoE layer step ({args.preset}, {args.routing} routing, "
                   f"{args.tokens} tokens/GPU)")
     for col in ("GPUs", "policy", "step ms", "speedup", "shadowed", "G", "dropped %"):
@@ -129,6 +210,7 @@ def _simulate(args: argparse.Namespace) -> int:
             p = zipf(W, args.zipf_exponent)
         else:
             p = uniform(W)
+        # the 20 us per exchange step is an assumed NCCL-scale cost (README, deviations)
         perf = MoEPerfModel.from_topology(topology, d_model=args.d_model,
                                           d_hidden=args.d_hidden, world_size=W,
                                           step_overhead_s=20e-6)
@@ -142,11 +224,14 @@ def _simulate(args: argparse.Namespace) -> int:
         last = (W, perf, counts, min(("shadow", "smart", "both"),
                                      key=lambda n: sims[n].step_s))
     Console().print(table)
+    print("simulated times (discrete-event simulator on the preset's constants)")
     if args.trace and last is not None:
         W, perf, counts, best = last
         timeline = simulate_step(counts, perf, 1, choose_policy(best, perf, counts, 1,
                                                                 max_steps=args.max_steps))
-        timeline.to_chrome_trace(args.trace)
+        # the simulator's own writer is not atomic; write its dict through atomic.py
+        atomic_write_text(args.trace, json.dumps(timeline.to_chrome_trace(), indent=1) + "\n",
+                          encoding="ascii")
         print(f"wrote the Chrome trace of '{best}' at {W} GPUs to {args.trace} "
               "(open it in Perfetto)")
     return 0

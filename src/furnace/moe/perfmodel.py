@@ -141,39 +141,151 @@ class MoEPerfModel:
                      shadow_N: np.ndarray | None = None) -> StepLatency:
         """T_base: compute, then the four exchanges, nothing overlapped (FastMoE)."""
         computed, out, incoming = self.loads(counts_WN, experts_per_rank, shadow_N)
-        comp = tuple(self.gemm_time(t, 3.0) for t in computed)
-        comm = tuple(4 * self.transfer_time(max(o, i)) for o, i in zip(out, incoming))
         num_shadow = 0 if shadow_N is None else int(np.count_nonzero(shadow_N))
+        comp, comm, shadow, total = self._base_terms(computed, out, incoming, num_shadow)
+        return StepLatency(tuple(comp.tolist()), tuple(comm.tolist()), shadow, total)
+
+    def _base_terms(self, computed_W: np.ndarray, out_W: np.ndarray, incoming_W: np.ndarray,
+                    num_shadow: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+        # one arithmetic path for `step_latency` and `shadow_policy`, so the policy's
+        # predictions are exactly the latencies it is judged by
+        comp = 3.0 * self._gemm_times(computed_W)
+        moved = np.maximum(out_W, incoming_W)
+        comm = 4.0 * np.where(moved > 0, self.latency_s
+                              + moved * self.token_bytes / self.bandwidth_Bps, 0.0)
         shadow = 2 * num_shadow * (self.latency_s + self.param_bytes / self.bandwidth_Bps)
-        total = max(c + m for c, m in zip(comp, comm)) + shadow
-        return StepLatency(comp, comm, shadow, total)
+        return comp, comm, shadow, float((comp + comm).max()) + shadow
 
     # --- dynamic shadowing ------------------------------------------------------------
 
-    def shadow_policy(self, counts_WN: np.ndarray, experts_per_rank: int) -> np.ndarray:
-        """Which experts to replicate on every worker this iteration (FasterMoE 4.1).
+    def shadow_order(self, counts_WN: np.ndarray) -> list[int]:
+        """Experts in descending load (tokens from all senders), ties to the lower id; experts
+        with no tokens are left out, since shadowing them only adds parameter traffic."""
+        load_N = np.asarray(counts_WN, dtype=np.float64).sum(0)
+        return [int(e) for e in np.lexsort((np.arange(load_N.size), -load_N))
+                if load_N[e] > 0]
 
-        Greedy in descending expert load (load = tokens from all senders, ties by expert
-        id): shadow the next expert while the modelled step latency keeps falling; keep
-        the best set only if it beats not shadowing. The loads are summed over senders
-        per expert: FastMoE's released policy sums over experts per sender instead and
-        never shadows (design note A.4).
+    def _shadow_deltas(self, counts: np.ndarray, experts_per_rank: int):
+        """Per expert e and worker w: how shadowing e changes w's computed, sent and
+        received tokens (dropping e from the set undoes the same amounts)."""
+        W, N = counts.shape
+        owner_N = np.arange(N) // experts_per_rank
+        own_NW = owner_N[:, None] == np.arange(W)[None, :]
+        counts_NW = counts.T
+        col_N = counts_NW.sum(1)
+        remote_col_N = col_N - counts_NW[np.arange(N), owner_N]
+        # the owner no longer computes everyone's tokens of e; each sender computes its own
+        d_comp_NW = counts_NW - col_N[:, None] * own_NW
+        d_out_NW = -counts_NW * ~own_NW
+        d_inc_NW = -remote_col_N[:, None] * own_NW
+        return d_comp_NW, d_out_NW, d_inc_NW
+
+    def _base_totals(self, computed: np.ndarray, out: np.ndarray, incoming: np.ndarray,
+                     num_shadow) -> np.ndarray:
+        """`_base_terms`' total for a stack of candidates (workers on the last axis)."""
+        comp = 3.0 * self._gemm_times(computed)
+        moved = np.maximum(out, incoming)
+        comm = 4.0 * np.where(moved > 0, self.latency_s
+                              + moved * self.token_bytes / self.bandwidth_Bps, 0.0)
+        per_param = self.latency_s + self.param_bytes / self.bandwidth_Bps
+        return (comp + comm).max(-1) + 2 * np.asarray(num_shadow) * per_param
+
+    def shadow_prefix_latencies(self, counts_WN: np.ndarray, experts_per_rank: int
+                                ) -> tuple[list[int], np.ndarray]:
+        """`shadow_order` and T_base of shadowing each of its prefixes (entry k: the first k).
+
+        All N + 1 candidates at once from cumulative sums of the per-expert changes; the
+        counts are integers, so float64 stays exact.
         """
         counts = np.asarray(counts_WN, dtype=np.float64)
-        N = counts.shape[1]
-        order = sorted(range(N), key=lambda e: (-counts[:, e].sum(), e))
-        shadow = np.zeros(N, bool)
-        best = self.step_latency(counts, experts_per_rank, shadow).total
-        best_mask = shadow.copy()
-        for e in order:
-            if counts[:, e].sum() == 0:
+        order = self.shadow_order(counts)
+        base = self.loads(counts, experts_per_rank)
+        deltas = self._shadow_deltas(counts, experts_per_rank)
+        stacks = [np.concatenate([b[None, :], b[None, :] + np.cumsum(d[order], axis=0)])
+                  for b, d in zip(base, deltas)]
+        return order, self._base_totals(*stacks, np.arange(len(order) + 1))
+
+    def shadow_policy(self, counts_WN: np.ndarray, experts_per_rank: int, *,
+                      starts: int = 3) -> np.ndarray:
+        """Which experts to replicate on every worker this iteration (FasterMoE 4.1).
+
+        Experts are ranked by load (tokens from all senders, ties by expert id) and every
+        prefix of that ranking is priced with T_base. The ``starts`` cheapest prefixes that
+        are local minima of that curve (the cheapest of all among them) are then improved
+        by local search (`_improve_by_flips`), and the cheapest result wins, the smaller
+        set on a tie, so nothing is shadowed unless that is strictly faster.
+
+        Stopping at the first greedy step that does not help, as the paper's prototype
+        does, misses cases where one shadowed expert costs more than it saves but many
+        together pay off (small H, many tokens: the parameters are cheap next to the tokens
+        they keep home). The local search fixes prefixes that include an expert whose owner
+        is not the bottleneck, or miss one that is not among the busiest. The result is
+        never worse than any prefix, the greedy rule's included. Every step is a
+        deterministic float64 function of the counts, so all ranks reach the same mask.
+
+        The loads are summed over senders per expert. FastMoE's released policy
+        (``fmoe/fastermoe/shadow_policy.py``) sums over experts per sender instead and marks
+        the expert whose id is the busiest sender's rank (README, "Shadowing").
+        """
+        counts = np.asarray(counts_WN, dtype=np.float64)
+        order, totals = self.shadow_prefix_latencies(counts, experts_per_rank)
+        # a plateau keeps its shortest prefix
+        padded = np.concatenate([[np.inf], totals, [np.inf]])
+        minima = [k for k in range(totals.size)
+                  if padded[k + 1] < padded[k] and padded[k + 1] <= padded[k + 2]]
+        found = []
+        for k in sorted(minima, key=lambda k: (totals[k], k))[:max(starts, 1)]:
+            mask = np.zeros(counts.shape[1], bool)
+            mask[order[:k]] = True
+            mask = self._improve_by_flips(counts, experts_per_rank, mask, float(totals[k]))
+            found.append((self.step_latency(counts, experts_per_rank, mask).total,
+                          int(mask.sum()), mask))
+        return min(found, key=lambda f: f[:2])[2]
+
+    def _improve_by_flips(self, counts: np.ndarray, experts_per_rank: int, mask: np.ndarray,
+                          total: float, *, pair_candidates: int = 16,
+                          max_moves: int = 32) -> np.ndarray:
+        """Best-improvement local search on T_base over changes of one or two experts.
+
+        A move adds or drops one expert, or two at once: T_base is a max over workers, so
+        when two workers tie as the bottleneck only a pair of changes lowers it. Pairs are
+        drawn from the ``pair_candidates`` best single moves, which keeps a round at
+        O(N W + pair_candidates^2 W). Each accepted move strictly lowers T_base; at most
+        ``max_moves`` are made, which bounds the cost at 1024 experts (a start far from
+        the optimum is not worth walking all the way).
+        """
+        d_comp_NW, d_out_NW, d_inc_NW = self._shadow_deltas(counts, experts_per_rank)
+        computed, out, incoming = self.loads(counts, experts_per_rank, mask)
+        mask = mask.copy()
+        for _ in range(max_moves):
+            sign_N = np.where(mask, -1.0, 1.0)
+            s_comp, s_out, s_inc = (sign_N[:, None] * d for d in (d_comp_NW, d_out_NW,
+                                                                  d_inc_NW))
+            k = int(mask.sum())
+            single_N = self._base_totals(computed + s_comp, out + s_out, incoming + s_inc,
+                                         k + sign_N)
+            e = int(np.argmin(single_N))
+            value, flip = float(single_N[e]), (e,)
+            pool = np.argsort(single_N, kind="stable")[:pair_candidates]
+            if pool.size > 1:
+                i, j = np.triu_indices(pool.size, 1)
+                a, b = pool[i], pool[j]
+                pair_P = self._base_totals(computed + s_comp[a] + s_comp[b],
+                                           out + s_out[a] + s_out[b],
+                                           incoming + s_inc[a] + s_inc[b],
+                                           k + sign_N[a] + sign_N[b])
+                p = int(np.argmin(pair_P))
+                if pair_P[p] < value:  # the smaller change wins a tie
+                    value, flip = float(pair_P[p]), (int(a[p]), int(b[p]))
+            if not value < total:
                 break
-            shadow[e] = True
-            lat = self.step_latency(counts, experts_per_rank, shadow).total
-            if lat >= best:
-                break
-            best, best_mask = lat, shadow.copy()
-        return best_mask
+            for e in flip:
+                computed = computed + s_comp[e]
+                out = out + s_out[e]
+                incoming = incoming + s_inc[e]
+                mask[e] = not mask[e]
+            total = value
+        return mask
 
     # --- smart schedule -----------------------------------------------------------------
 
