@@ -224,7 +224,9 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
         if device.type == "cuda":
             torch.cuda.set_device(device)
         if backend == "gloo":
-            _bind_gloo(os.environ.get("MASTER_ADDR", ""))
+            # every rank on this machine (torchrun --standalone, or one node): loopback serves
+            single_node = int(os.environ.get("LOCAL_WORLD_SIZE", -1)) == world_size
+            _bind_gloo(LOOPBACK if single_node else os.environ.get("MASTER_ADDR", ""))
         dist.init_process_group(backend, timeout=timeout)
     else:
         rank, world_size, local_rank = 0, 1, 0
