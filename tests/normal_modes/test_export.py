@@ -13,6 +13,7 @@ from furnace.normal_modes.export import (
     write_vtu,
 )
 from furnace.normal_modes.mesh import ball_mesh
+from furnace.runtime.atomic import OutputError
 
 UNIT = homogeneous(1.0, 3**0.5, 1.0)
 
@@ -35,11 +36,14 @@ def test_vtu_round_trip(ball, tmp_path):
     assert path == tmp_path / "sub" / "modes.vtu" and path.is_file()
     back = meshio.read(path)
     assert back.points.shape == mesh.points.shape
-    np.testing.assert_allclose(back.points, mesh.points)
+    # the centre node sits at 0: compare against the mesh's scale, not entry by entry
+    scale = 1e-12 * mesh.radius
+    np.testing.assert_allclose(back.points, mesh.points, rtol=0, atol=scale)
     assert back.cells[0].type == "tetra"
     np.testing.assert_array_equal(back.cells[0].data, mesh.tets)
     np.testing.assert_array_equal(back.cell_data["layer"][0], mesh.layer)
-    np.testing.assert_allclose(back.point_data["radius"], np.linalg.norm(mesh.points, axis=1))
+    np.testing.assert_allclose(back.point_data["radius"], np.linalg.norm(mesh.points, axis=1),
+                               rtol=0, atol=scale)
     names = ["mode_000_0T2_0.3796mHz", "mode_001_0S2_0.5062mHz"]
     assert set(back.point_data) == {"radius", *names}
     for j, name in enumerate(names):
@@ -49,7 +53,8 @@ def test_vtu_round_trip(ball, tmp_path):
 def test_single_vector_without_labels(ball, tmp_path):
     mesh, basis, vecs = ball
     back = meshio.read(write_vtu(tmp_path / "one.vtu", mesh, basis, vecs[:, 1], 0.5))
-    np.testing.assert_allclose(back.point_data["mode_000_0.5000mHz"], mesh.points)
+    np.testing.assert_allclose(back.point_data["mode_000_0.5000mHz"], mesh.points, rtol=0,
+                               atol=1e-12 * mesh.radius)
 
 
 def test_bad_shapes(ball, tmp_path):
@@ -102,3 +107,20 @@ def test_plain_dof_layout_is_read_per_mesh_point(ball, tmp_path):
     assert back.point_data["mode_000_0.5000mHz"].shape == (n, 3)
     with pytest.raises(ValueError, match="one column per mesh point"):
         point_displacement(mesh, SimpleNamespace(N=6, nodal_dofs=np.zeros((3, 2), int)), u[:6])
+
+
+def test_failed_write_keeps_the_previous_file_and_leaves_nothing(ball, tmp_path, monkeypatch):
+    mesh, basis, vecs = ball
+    path = tmp_path / "modes.vtu"
+    path.write_text("previous")
+
+    def broken(filename, *args, **kwargs):
+        with open(filename, "w") as f:
+            f.write("<VTKFile half written")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(meshio, "write", broken)
+    with pytest.raises(OutputError, match="disk full"):
+        write_vtu(path, mesh, basis, vecs, [0.4, 0.5])
+    assert path.read_text() == "previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["modes.vtu"]

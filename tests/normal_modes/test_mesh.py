@@ -116,3 +116,24 @@ def test_bad_inputs():
         ball_mesh(1.0, 0.3, interfaces=(1.2,))
     with pytest.raises(ValueError, match="order"):
         ball_mesh(1.0, 0.3, order=3)
+
+
+@pytest.mark.timeout(120)
+def test_p1_vector_nonzeros_per_row_priced_in_the_sc18_model():
+    """furnace.eigen.scaling prices the SC'18 runs with SC18_NNZ_A_PER_ROW, the A nonzeros
+    per row of our P1 vector ball at h = 0.05: 3 (1 + 2 E / V) for V vertices, E edges."""
+    from furnace.eigen.scaling import SC18_NNZ_A_PER_ROW
+    from furnace.normal_modes.assembly import assemble, homogeneous
+
+    def per_row(mesh):
+        sides = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3))
+        pairs = np.concatenate([mesh.tets[:, [i, j]] for i, j in sides])
+        edges = np.unique(np.sort(pairs, axis=1), axis=0)
+        return 3.0 * (1.0 + 2.0 * len(edges) / len(mesh.points))
+
+    coarse = ball_mesh(1.0, 0.3)
+    K, M = assemble(coarse, homogeneous(1.0, 3**0.5, 1.0))
+    # the formula is the assembled pattern's, and the mass has a third of it
+    assert K.nnz / K.shape[0] == pytest.approx(per_row(coarse), rel=1e-12)
+    assert K.nnz == 3 * M.nnz
+    assert round(per_row(ball_mesh(1.0, 0.05)), 1) == SC18_NNZ_A_PER_ROW

@@ -11,15 +11,20 @@ The VTU holds the mesh as it is: 4-node "tetra" cells for an order-1 mesh, 10-no
 "tetra10" cells (all nodes, VTK order) for a curved order-2 mesh. Each mode is a point-data
 3-vector at every node; for P2 on a curved mesh that is the full set of nodal values, so
 ParaView's quadratic cells reproduce the P2 field. Point data "radius" and cell data
-"layer" (0 = innermost) come along so the file can be clipped by depth or region.
+"layer" (0 = innermost) come along so the file can be clipped by depth or region. The file
+is replaced atomically (`furnace.runtime.atomic`).
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from furnace.runtime.atomic import OutputError, atomic_save
 
 from .assembly import point_dofs
 from .mesh import TetMesh
@@ -89,6 +94,17 @@ def write_vtu(
     )
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # the .vtu writer is chosen explicitly so a path with another suffix still gets VTU
-    meshio.write(path, out, file_format="vtu")
+    # meshio's VTU writer opens a file by name, so it writes a scratch copy that is then
+    # moved into place atomically: a failed or killed run never leaves half a VTU at path
+    try:
+        with tempfile.TemporaryDirectory(prefix="furnace-vtu-") as scratch:
+            draft = Path(scratch) / "modes.vtu"
+            # the .vtu writer is chosen explicitly so another suffix still gets VTU
+            meshio.write(draft, out, file_format="vtu")
+            with open(draft, "rb") as src:
+                atomic_save(path, lambda dst: shutil.copyfileobj(src, dst))
+    except OutputError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
     return path
