@@ -132,3 +132,16 @@ def test_a_bad_input_as_a_process_exits_2_without_traceback():
     assert "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [
         "furnace selfcheck: error: argument --world-size: must be an integer in [1, 64], got 0"]
+
+
+def test_every_command_group_help_says_what_runs_by_default():
+    def groups(parser, prefix=()):
+        yield prefix, parser
+        for action in _sub_actions(parser):
+            for name, child in action.choices.items():
+                if _sub_actions(child):
+                    yield from groups(child, (*prefix, name))
+
+    for path, parser in groups(build_parser()):
+        assert "(default: none, which prints this help)" in " ".join(
+            parser.format_help().split()), f"furnace {' '.join(path)} --help"

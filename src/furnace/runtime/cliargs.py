@@ -102,6 +102,13 @@ class Parser(argparse.ArgumentParser):
         # the innermost parser's value wins, so `main` knows which subcommand to name
         self.set_defaults(_prog=self.prog)
 
+    def add_subparsers(self, **kwargs):
+        # a command group run without its subcommand prints its help (furnace.cli.main and
+        # each group's set_defaults); --help says so, as it states every other default
+        kwargs.setdefault("help", "the subcommand to run (default: none, which prints this "
+                          "help)")
+        return super().add_subparsers(**kwargs)
+
     def add_argument(self, *args, **kwargs):
         # argparse omits an option without help from the help's right column, default included
         if kwargs.get("help") is None and kwargs.get("action") not in ("help", "version"):
