@@ -279,22 +279,14 @@ class GShardGate(NaiveGate):
         return idx_TK, val_TK
 
 
-class DCGate(NaiveGate):
-    """FastMoE's `DCGate` (distributed capacity): GShard's top-2 and loss, with a capacity
-    of ``ceil(capacity[mode] * T)`` per expert over the whole group, then random routing.
+class DCGate(GShardGate):
+    """FastMoE's `DCGate` (distributed capacity): GShard's constructor, top-2 and loss, with a
+    capacity of ``ceil(capacity[mode] * T)`` per expert over the whole group, then random
+    routing.
     """
 
-    def __init__(self, d_model: int, num_expert: int, world_size: int, topk: int = 2,
-                 capacity: float | Sequence[float] = (1.2, 2.4), random_routing: bool = True,
-                 gate_bias: bool = True) -> None:
-        if topk != 2:
-            raise ValueError(f"topk should be 2 in gshard, got {topk!r}")
-        super().__init__(d_model, num_expert, world_size, top_k=2, gate_bias=gate_bias)
-        self.capacity = _capacity_pair(capacity)
-        self.random_routing = random_routing
-
     def forward(self, x: torch.Tensor):
-        idx_TK, val_TK, logits_TN = super().forward(x, return_all_scores=True)
+        idx_TK, val_TK, logits_TN = NaiveGate.forward(self, x, return_all_scores=True)
         self.set_loss(_gshard_loss(logits_TN, idx_TK[:, 0], self.num_expert))
         rate = self.capacity[0 if self.training else 1]
         cap = math.ceil(rate * x.shape[0])
