@@ -52,7 +52,6 @@ from .signals import sigterm_exits
 __all__ = [
     "DistributedContext",
     "DistributedError",
-    "find_free_port",
     "init_from_env",
     "is_torchrun",
     "run_distributed",
@@ -91,13 +90,6 @@ class DistributedError(RuntimeError):
         super().__init__(message)
         self.ranks = ranks
         self.kind = kind
-
-
-def find_free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return sock.getsockname()[1]
 
 
 def _is_loopback(host: str) -> bool:
