@@ -162,3 +162,23 @@ def test_modes_command_writes_png_and_vtu(tmp_path, monkeypatch):
     assert pngs[0].stat().st_size > 10_000
     fields = sorted(k for k in meshio.read(vtu).point_data if k.startswith("mode_"))
     assert len(fields) == 5 and all(k.startswith(f"mode_{j:03d}_T2_") for j, k in enumerate(fields))
+
+
+def test_a_failed_png_leaves_no_partial_file(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from furnace.normal_modes.cli import write_plots
+    from furnace.runtime.atomic import OutputError
+
+    res = compute_modes("ball", 0.3, 0.37, mesh_size=0.3, identify=False)
+    res.multiplets = [{"kind": "T", "l": 2, "members": np.arange(5), "size": 5,
+                       "frequency": float(res.frequencies_mhz.mean()), "complete": True}]
+
+    def broken(self, fname, **kwargs):
+        fname.write(b"\x89PNG half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Figure, "savefig", broken)
+    with pytest.raises(OutputError, match="disk full"):
+        write_plots(res, tmp_path / "maps")
+    assert list((tmp_path / "maps").iterdir()) == []

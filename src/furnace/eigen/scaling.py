@@ -23,6 +23,8 @@ nothing here can be measured, so the per-core SpMV rate is calibrated at one anc
 assumptions (`ClusterAssumptions`).
 
 Experiments (``fn(ctx) -> Result``): `strong_weak` measures, `sc18_model` fits and projects.
+The measured runs solve the Q1 box pencil of `furnace.eigen.experiments` (`box_pencil`),
+whose eigenvalues are known in closed form, so every run's answer is checked exactly.
 The microbenchmark runs as ``mpiexec -n 2 python -m furnace.eigen.scaling link-benchmark
 OUT.json``.
 """
