@@ -19,14 +19,15 @@ import math
 import platform
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 from .atomic import OutputError, atomic_save, atomic_write_many, check_writable_dir
 
 Kind = Literal["measured", "emulated", "virtual-clock", "simulated", "analytic"]
+T = TypeVar("T")
 KINDS: tuple[str, ...] = ("measured", "emulated", "virtual-clock", "simulated", "analytic")
 
 # (subpackage, what it implements), in report order
@@ -98,11 +99,24 @@ class Result:
 
 @dataclass
 class RunContext:
-    """What an experiment gets: where to write, how big to run, how to report progress."""
+    """What an experiment gets: where to write, how big to run, how to report progress.
+
+    ``artifacts`` is the one place experiments of a run share expensive work (a trained
+    model, a set of solver runs): `shared` builds a value once per run under an explicit
+    key. A builder must be a pure function of its key (seeded, forking the RNG), so an
+    experiment run alone computes exactly what it would receive from the cache.
+    """
 
     out_dir: Path
     quick: bool
     progress: Callable[[str], None] = lambda text: None
+    artifacts: dict[Hashable, Any] = field(default_factory=dict)
+
+    def shared(self, key: Hashable, build: Callable[[], T]) -> T:
+        """The value cached under ``key`` in this run, built by ``build()`` on first use."""
+        if key not in self.artifacts:
+            self.artifacts[key] = build()
+        return cast(T, self.artifacts[key])
 
     def save_figure(self, fig: Any, name: str) -> str:
         """Save a matplotlib figure as ``name``.png; returns its path relative to the report."""
@@ -218,6 +232,8 @@ def run(
     else:
         experiments, missing = list(experiments), []
     outcomes: list[Outcome] = []
+    # shared by every experiment of this run, and by no other run
+    artifacts: dict[Hashable, Any] = {}
     started = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/"
                "{task.total}"), TimeElapsedColumn(), TextColumn("{task.fields[detail]}"))
@@ -227,7 +243,8 @@ def run(
             label = f"{exp.system}/{exp.name}"
             progress.update(bar, description=label, detail="")
             ctx = RunContext(out_dir=out, quick=quick,
-                             progress=lambda text: progress.update(bar, detail=text))
+                             progress=lambda text: progress.update(bar, detail=text),
+                             artifacts=artifacts)
             t0 = time.perf_counter()
             try:
                 result = exp.fn(ctx)
