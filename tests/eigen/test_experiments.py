@@ -82,11 +82,11 @@ def test_import_scan_sees_every_form_of_import():
                    "def f():\n    import importlib\n"
                    "    return importlib.import_module('furnace.normal_modes.mesh')"):
         assert _forbidden(_imported_modules(source, eigen)), source
-    for source in ("from . import solver", "from .scaling import run_cli",
+    for source in ("from . import solver", "from .mpi_runs import run_cli",
                    "import furnace.runtime.reproduce", "x = 'normal_modes'"):
         assert not _forbidden(_imported_modules(source, eigen)), source
     names = _file_imports(EIGEN_DIR / "experiments.py")
-    assert "furnace.runtime.reproduce" in names and "furnace.eigen.scaling.run_cli" in names
+    assert "furnace.runtime.reproduce" in names and "furnace.eigen.mpi_runs.run_cli" in names
 
 
 def test_eigen_source_never_imports_normal_modes():

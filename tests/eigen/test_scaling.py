@@ -1,34 +1,34 @@
 """Scaling metrics, the SC'18 data, the cost model, and the quick scaling experiments
-(`furnace.eigen.scaling`, design note eigensolver.md section 5.4)."""
+(`furnace.eigen.costmodel`, `.sc18`, `.mpi_runs`, `.scaling_experiments`; design note
+eigensolver.md section 5.4)."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
 
-from furnace.eigen.scaling import (
+from furnace.eigen.costmodel import (
+    ClusterAssumptions,
+    ScalingModel,
+    Workload,
+    amdahl_fit,
+    calibrate_to_anchor,
+    speedup,
+    strong_efficiency,
+    unified_time,
+    weak_efficiency,
+)
+from furnace.eigen.mpi_runs import cli_modes, cli_options, find_mpiexec
+from furnace.eigen.sc18 import (
     SC18_C3,
     SC18_E3,
     SC18_FIXED_CONST,
     SC18_FIXED_EARTH,
     SC18_NNZ_A_PER_ROW,
     SC18_NNZ_M_PER_ROW,
-    ClusterAssumptions,
-    ScalingModel,
-    Workload,
-    amdahl_fit,
-    calibrate_to_anchor,
-    cli_modes,
-    cli_options,
-    find_mpiexec,
     sc18_workload,
-    speedup,
-    strong_efficiency,
-    unified_time,
-    weak_efficiency,
 )
+from furnace.runtime.presets import stampede2_skx
 
 
 def _work(n=100_000, steps=200, degree=50, consistent=True) -> Workload:
@@ -166,7 +166,7 @@ def test_calibration_hits_the_anchor_and_predicts_the_rest():
     assert 0.0 < eff[-1] < 1.0
     with pytest.raises(ValueError, match="exceeds"):
         calibrate_to_anchor(work, 192, 3.40e-3,
-                            dataclasses.replace(ClusterAssumptions(), message_latency_s=1e-3))
+                            ClusterAssumptions(topology=stampede2_skx(latency_s=1e-3)))
 
 
 @pytest.mark.timeout(300)  # about 30 s alone; 90 s seen with the 2 cores shared by others
@@ -174,7 +174,7 @@ def test_strong_weak_and_model_quick(tmp_path):
     pytest.importorskip("mpi4py")
     if find_mpiexec() is None:
         pytest.skip("mpiexec is not installed (pip install 'furnace[hpc]')")
-    from furnace.eigen.scaling import sc18_model, strong_weak
+    from furnace.eigen.scaling_experiments import sc18_model, strong_weak
     from furnace.runtime.reproduce import RunContext
 
     ctx = RunContext(out_dir=tmp_path, quick=True)
@@ -194,7 +194,89 @@ def test_strong_weak_and_model_quick(tmp_path):
         "eigenvalues against the closed form": True}
     model = sc18_model(ctx)
     assert model.data["reused_runs"]
+    # alone it measures the same plan itself: what depends only on the runs' counters (the
+    # SC18 tables, the Stampede2-class projection) is the same, to the last bit
+    alone = sc18_model(RunContext(out_dir=tmp_path / "alone", quick=True))
+    assert not alone.data["reused_runs"]
+    analytic = [(t.title, t.rows) for t in model.tables if t.kind == "analytic"]
+    analytic_alone = [(t.title, t.rows) for t in alone.tables if t.kind == "analytic"]
+    assert len(analytic) == 4
+    assert [(title, rows) for title, rows in analytic[:3]] == analytic_alone[:3]
+    # the dofs-per-rank grid: its Stampede2-class column (the other uses this machine's
+    # timings)
+    assert [row[:3] for row in analytic[3][1]] == [row[:3] for row in analytic_alone[3][1]]
+    assert model.data["projection"] == alone.data["projection"]
+    for key in ("halo_coeff", "allreduces_per_step"):
+        assert model.data["fit"][key] == alone.data["fit"][key]
     claim = model.claims[0]
     assert claim.paper == "0.68 (SC18, measured)" and claim.ours.endswith("(model)")
     assert 0.0 < model.data["projection"]["efficiency"][-1] <= 1.0
     assert (tmp_path / model.figures[0]).exists()
+
+
+def _fake_records(plan):
+    """What `measure(plan)` returns, made up but consistent: the closed-form eigenvalues,
+    counters that grow with n, 2-rank runs at 0.6 of the 1-rank time."""
+    from furnace.eigen.experiments import BOX_BELOW, BOX_COUNT, box_cells, box_eigenvalues
+    from furnace.eigen.scaling_experiments import RunRecord
+
+    sizes = sorted({*plan.strong, plan.weak_one, plan.weak_two})
+    records = []
+    for size in sizes:
+        cells = box_cells(size)
+        n = (cells[0] - 1) * (cells[1] - 1) * (cells[2] - 1)
+        exact = box_eigenvalues(cells)[BOX_BELOW:BOX_BELOW + BOX_COUNT].tolist()
+        for ranks, mode in ((1, "serial"), (2, "rows"), (2, "slices")):
+            steps = 100 + size
+            counters = {"a_matvecs": 20 * steps, "m_matvecs": 0, "filter_degree": 20,
+                        "filtered_matvecs": steps, "lanczos_steps": steps,
+                        "reorth_flops": 4 * n * steps**2 // ranks,
+                        "allreduces": 5 * steps if mode == "rows" else 0,
+                        "halo_bytes": 800 * size * steps if mode == "rows" else 0,
+                        "halo_messages": 20 * steps if mode == "rows" else 0}
+            records.append(RunRecord(label=f"N={size}", n=n, nnz_a=7 * n, nnz_m=n, ranks=ranks,
+                                     mode=mode, slices=2 if mode == "slices" else 1,
+                                     seconds=1e-6 * n * (1.0 if ranks == 1 else 0.6),
+                                     timed_by="solver", counters=counters, eigenvalues=exact,
+                                     total_reorth_flops=4.0 * n * steps**2,
+                                     count_method="dos", complete=True))
+    return records
+
+
+def _deterministic(result):
+    """A result's tables and claims without the note that says where the runs came from."""
+    return ([(t.title, t.kind, t.columns, t.rows) for t in result.tables],
+            [(c.what, c.paper, c.ours, c.holds) for c in result.claims])
+
+
+def test_model_measures_the_runs_alone_and_shares_them_after_scaling(tmp_path, monkeypatch):
+    """`scaling` and `sc18_model` take their runs from `RunContext.shared`: after `scaling`
+    the model reuses them (one measurement for both), alone it measures the same plan, and
+    either way it reports the same tables (the measurement is faked, so all of them)."""
+    from furnace.eigen import scaling_experiments
+    from furnace.runtime.reproduce import RunContext
+
+    calls = []
+
+    def fake_measure(plan, work_dir, *, runs=None, progress=lambda text: None):
+        calls.append(plan)
+        return _fake_records(plan)
+
+    link = {"exchange_seconds": {"8": 3e-6}, "allreduce_seconds": 4e-6, "iterations": 200,
+            "alpha": 3e-6, "beta": 2e-10}
+    monkeypatch.setattr(scaling_experiments, "measure", fake_measure)
+    monkeypatch.setattr(scaling_experiments, "measure_link",
+                        lambda mpiexec, out_dir, iterations: dict(link))
+    monkeypatch.setattr(scaling_experiments, "find_mpiexec", lambda: "mpiexec")
+
+    shared = RunContext(out_dir=tmp_path / "shared", quick=True)
+    scaling_experiments.strong_weak(shared)
+    after = scaling_experiments.sc18_model(shared)
+    assert calls == [scaling_experiments.QUICK] and after.data["reused_runs"]
+    assert list(shared.artifacts) == [scaling_experiments.runs_key(scaling_experiments.QUICK)]
+
+    alone = scaling_experiments.sc18_model(RunContext(out_dir=tmp_path / "alone", quick=True))
+    assert calls == [scaling_experiments.QUICK] * 2 and not alone.data["reused_runs"]
+    assert _deterministic(alone) == _deterministic(after)
+    assert alone.data["fit"] == after.data["fit"]
+    assert alone.data["projection"] == after.data["projection"]

@@ -120,9 +120,9 @@ def test_bad_inputs():
 
 @pytest.mark.timeout(120)
 def test_p1_vector_nonzeros_per_row_priced_in_the_sc18_model():
-    """furnace.eigen.scaling prices the SC'18 runs with SC18_NNZ_A_PER_ROW, the A nonzeros
+    """furnace.eigen.sc18 prices the SC'18 runs with SC18_NNZ_A_PER_ROW, the A nonzeros
     per row of our P1 vector ball at h = 0.05: 3 (1 + 2 E / V) for V vertices, E edges."""
-    from furnace.eigen.scaling import SC18_NNZ_A_PER_ROW
+    from furnace.eigen.sc18 import SC18_NNZ_A_PER_ROW
     from furnace.normal_modes.assembly import assemble, homogeneous
 
     def per_row(mesh):

@@ -7,8 +7,9 @@ and de Hoop, SC'18 section V, and the SC19 teams make) with this package's own m
 - ``vs_arpack``: filtered Lanczos (lumped mass) against ARPACK shift-invert and LOBPCG on the
   same pencil at growing sizes, side by side in one run: time, process peak memory, matvecs,
   the crossover size, and the error against the closed form.
-- ``scaling`` and ``sc18_model`` (`scaling.py`): strong and weak scaling on 1-2 ranks with
-  the SC19 "unified time", and the fitted cost model projected to the SC'18 runs.
+- ``scaling`` and ``sc18_model`` (`scaling_experiments.py`): strong and weak scaling on 1-2
+  ranks with the SC19 "unified time", and the cost model (`costmodel.py`) fitted on those
+  runs and projected to the SC'18 runs (`sc18.py`).
 
 The pencil (`box_pencil`) is the Dirichlet Laplacian on the box [0, 1] x [0, 1.21] x [0, 1.46]
 with trilinear (Q1) hexahedra on a uniform grid of c_x x c_y x c_z cells, and either the
@@ -42,6 +43,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from furnace.runtime.reproduce import Claim, Experiment, Result, RunContext, Table
+
+from .scaling_experiments import sc18_model, strong_weak
 
 BOX_LENGTHS = (1.0, 1.21, 1.46)
 # the interval: the 27 eigenvalues above the 6 lowest
@@ -247,7 +250,7 @@ def _filtered_on_two_ranks(mpiexec: str, pencil: ComparisonPencil, work_dir) -> 
     solver's own wall time in "seconds" and the eigenvalues as an array)."""
     import scipy.io
 
-    from .scaling import cli_modes, run_cli
+    from .mpi_runs import cli_modes, run_cli
 
     work_dir.mkdir(parents=True, exist_ok=True)
     a_path, m_path = work_dir / "K.mtx", work_dir / "M.mtx"
@@ -284,8 +287,8 @@ def compare_solvers(ctx: RunContext, builds: Sequence[Callable[[], ComparisonPen
 
     from furnace.runtime.memory import measure_in_subprocess
 
+    from .mpi_runs import find_mpiexec
     from .operators import THREADED_SPMV_MIN_NNZ
-    from .scaling import find_mpiexec
 
     # SuperLU's dense kernels use the BLAS threads; the filter's SpMV gets the same cores
     threads = max(1, min(2, os.cpu_count() or 1))
@@ -417,21 +420,11 @@ def vs_arpack(ctx: RunContext) -> Result:
                            lobpcg_iterations=100 if ctx.quick else 300)
 
 
-def _scaling(name: str):
-    def run(ctx: RunContext) -> Result:
-        from . import scaling
-
-        return getattr(scaling, name)(ctx)
-
-    run.__name__ = name
-    return run
-
-
 EXPERIMENTS = [
     Experiment("eigen", "vs_arpack", "Filtered Lanczos vs ARPACK shift-invert and LOBPCG",
                vs_arpack),
     Experiment("eigen", "scaling", "Strong and weak scaling on 1-2 ranks, unified time",
-               _scaling("strong_weak")),
+               strong_weak),
     Experiment("eigen", "sc18_model", "Fitted scaling model projected to the SC'18 runs",
-               _scaling("sc18_model")),
+               sc18_model),
 ]
