@@ -3,9 +3,10 @@ the discrete-event simulator's throughput.
 
     python benchmarks/runtime/bench_comm.py [--world-sizes 2 4] [--repeats 30]
 
-Raw and wrapped calls alternate in one run on the same ranks, so machine load hits both
-alike; each cell is the median over repeats of the slowest rank. All times are measured
-wall clock on loopback gloo.
+Raw and wrapped calls alternate in one run on the same ranks (rounds of
+`furnace.runtime.timing.time_round_robin`, a barrier before each call), so machine load
+hits both alike; each cell is the median over repeats of the slowest rank. All times are
+measured wall clock on loopback gloo.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from furnace.runtime import Communicator, Simulator, run_distributed
+from furnace.runtime.timing import stopwatch, time_round_robin
 
 SIZES = (1, 2**10, 2**16, 2**20)
 
@@ -30,27 +31,21 @@ def _rank(rank: int, world_size: int, repeats: int) -> dict:
     out = {}
     for numel in SIZES:
         x = torch.zeros(numel * world_size)
-        raw_ar, wrapped_ar, raw_a2a, wrapped_a2a = [], [], [], []
-        for _ in range(repeats):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            raw_ar.append(time.perf_counter() - t0)
-            dist.barrier()
-            t0 = time.perf_counter()
-            comm.all_reduce(x)
-            wrapped_ar.append(time.perf_counter() - t0)
-            dist.barrier()
-            t0 = time.perf_counter()
-            y = torch.empty_like(x)
-            dist.all_to_all_single(y, x)
-            raw_a2a.append(time.perf_counter() - t0)
-            dist.barrier()
-            t0 = time.perf_counter()
-            comm.all_to_all_single(x)
-            wrapped_a2a.append(time.perf_counter() - t0)
-        out[numel] = {"all_reduce": (raw_ar, wrapped_ar),
-                      "all_to_all_single": (raw_a2a, wrapped_a2a)}
+
+        def raw_a2a(x: torch.Tensor = x) -> None:
+            # the raw call allocates its output, as the wrapper does
+            dist.all_to_all_single(torch.empty_like(x), x)
+
+        fns = {"raw_ar": lambda x=x: dist.all_reduce(x),
+               "wrapped_ar": lambda x=x: comm.all_reduce(x),
+               "raw_a2a": raw_a2a,
+               "wrapped_a2a": lambda x=x: comm.all_to_all_single(x)}
+        # every rank runs the same order, so the calls of a round meet across ranks
+        t = time_round_robin(fns, rounds=repeats, rotate=False, setup=dist.barrier)
+        out[numel] = {
+            "all_reduce": (list(t["raw_ar"].samples), list(t["wrapped_ar"].samples)),
+            "all_to_all_single": (list(t["raw_a2a"].samples), list(t["wrapped_a2a"].samples)),
+        }
     return out
 
 
@@ -78,12 +73,11 @@ def bench_simulator(num_tasks: int = 100_000) -> Table:
     for i in range(num_tasks):
         deps = tuple(f"t{j}" for j in rng.sample(range(i), min(i, 2)))
         sim.add_task(f"t{i}", rng.random(), resource=rng.choice(["gpu", "net", None]), deps=deps)
-    t0 = time.perf_counter()
-    timeline = sim.run()
-    run_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    path = timeline.critical_path()
-    cp_s = time.perf_counter() - t0
+    with stopwatch() as run:
+        timeline = sim.run()
+    with stopwatch() as cp:
+        path = timeline.critical_path()
+    run_s, cp_s = run.seconds, cp.seconds
     table = Table(title="Discrete-event simulator (measured)")
     for col in ("tasks", "run s", "tasks/s", "critical path s", "critical path length"):
         table.add_column(col, justify="right")

@@ -43,9 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"furnace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    info = sub.add_parser("info", help="versions, cores, backends and calibrated CPU figures")
+    info = sub.add_parser("info", help="versions, cores, backends and calibrated CPU figures",
+                          description="Versions, cores, backends and the calibrated CPU "
+                          "figures the this-cpu preset uses, read from the calibration "
+                          "cache ~/.cache/furnace/calibration.json.")
     info.add_argument("--calibrate", action="store_true",
-                      help="measure this CPU (GEMM, memory, loopback link) and save the figures")
+                      help="measure this CPU (GEMM, memory, loopback link) and save the figures "
+                      "to ~/.cache/furnace/calibration.json, replacing what is there (this is "
+                      "how to refresh them)")
     info.set_defaults(func=_cmd_info)
 
     rep = sub.add_parser("reproduce", help="run the papers' experiments and write a report",
@@ -127,15 +132,19 @@ def _cmd_info(args: argparse.Namespace) -> int:
     table.add_row("systems built", ", ".join(built))
     console.print(table)
 
-    record = calibrate.load()
+    cache = calibrate.CalibrationCache.default()
+    record = cache.load()
     if args.calibrate:
         with console.status("calibrating: GEMM, memory copy, gloo loopback ..."):
             record = calibrate.measure()
-        path = calibrate.save(record)
+        path = cache.save(record)
         console.print(f"saved to {path}")
     if record is None:
-        console.print("CPU not calibrated yet: run `furnace info --calibrate`.")
+        console.print(f"CPU not calibrated yet (no {cache.describe()}): "
+                      "run `furnace info --calibrate`.")
         return 0
+    console.print(f"calibration cache: {cache.describe()} "
+                  "(refresh: `furnace info --calibrate`)")
     cal = Table(title=f"calibrated CPU figures (measured {record['date']})")
     cal.add_column("figure")
     cal.add_column("value", justify="right")

@@ -14,7 +14,7 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data"
 TINY = str(DATA / "tiny.pt")
 # the flags of the run that wrote data/tiny.pt (data/make_fixtures.py's TINY_ARGV)
-TINY_ARGV = ["--task", "swap", "--d-model", "4", "--heads", "2", "--layers", "1",
+TINY_ARGV = ["--task", "swap", "--d-model", "4", "--num-heads", "2", "--num-layers", "1",
              "--length", "4", "--steps", "2", "--batch-size", "2", "--eval-sequences", "2"]
 
 TRAIN = ["deltaformer", "train"]
@@ -31,8 +31,8 @@ _TRAIN_CASES: list[tuple[str, list[str]]] = [
     ("weight-decay-negative", ["--weight-decay", "-0.1"]),
     ("batch-size-0", ["--batch-size", "0"]),
     ("length-0", ["--length", "0"]),
-    ("layers-0", ["--layers", "0"]),
-    ("heads-0", ["--heads", "0"]),
+    ("num-layers-0", ["--num-layers", "0"]),
+    ("num-heads-0", ["--num-heads", "0"]),
     ("d-model-0", ["--d-model", "0"]),
     ("chunk-size-0", ["--chunk-size", "0"]),
     ("eval-sequences-0", ["--eval-sequences", "0"]),
@@ -46,13 +46,13 @@ _TRAIN_CASES: list[tuple[str, list[str]]] = [
     ("eval-lengths-text", ["--eval-lengths", "long"]),
     ("task-unknown", ["--task", "sorting"]),
     ("mixer-unknown", ["--mixer", "mamba"]),
-    ("beta-unknown", ["--beta", "tanh"]),
+    ("beta-activation-unknown", ["--beta-activation", "tanh"]),
     ("kappa1-unknown", ["--kappa1", "exp"]),
     ("kappa1-unknown-in-list", ["--kappa1", "softmax,exp,linear,linear"]),
     # impossible combinations
-    ("heads-not-dividing-d-model", ["--d-model", "64", "--heads", "3"]),
-    ("odd-head-width-with-rotary", ["--d-model", "6", "--heads", "2"]),
-    ("kappa1-count-not-heads", ["--heads", "4", "--kappa1", "softmax,linear,linear"]),
+    ("heads-not-dividing-d-model", ["--d-model", "64", "--num-heads", "3"]),
+    ("odd-head-width-with-rotary", ["--d-model", "6", "--num-heads", "2"]),
+    ("kappa1-count-not-heads", ["--num-heads", "4", "--kappa1", "softmax,linear,linear"]),
     ("eval-lengths-with-lm", ["--task", "lm", "--eval-lengths", "256"]),
     ("resume-without-checkpoint", ["--resume"]),
     ("overwrite-without-checkpoint", ["--overwrite"]),

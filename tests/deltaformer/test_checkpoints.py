@@ -29,6 +29,7 @@ from furnace.deltaformer.train import (
     train,
 )
 from furnace.runtime.atomic import OutputError
+from furnace.runtime.testing import assert_close
 
 from .cli_bad_inputs import BAD_INPUTS
 from .cli_bad_inputs import TINY_ARGV as TABLE_TINY_ARGV
@@ -310,6 +311,21 @@ def test_the_fixtures_are_what_the_bad_input_table_says(capsys):
     for name in ("garbage.pt", "truncated.pt", "foreign.pt", "future_version.pt"):
         with pytest.raises(CorruptCheckpointError):
             load_checkpoint(DATA / name)
+
+
+def test_a_checkpoint_written_before_the_shared_loop_still_resumes(tmp_path):
+    """data/tiny.pt predates `furnace.runtime.training`; the loop extends it like its own."""
+    old, new = tmp_path / "old.pt", tmp_path / "new.pt"
+    old.write_bytes((DATA / "tiny.pt").read_bytes())
+    train(TrainConfig(**TINY, checkpoint=new))
+    from_old = train(TrainConfig(**{**TINY, "steps": 4}, checkpoint=old), resume=True)
+    from_new = train(TrainConfig(**{**TINY, "steps": 4}, checkpoint=new), resume=True)
+    assert from_old.lr_cycles == [2, 4] and from_old.steps_done == 4
+    assert from_old.losses[:2] == load_checkpoint(DATA / "tiny.pt")["losses"]
+    assert from_old.lrs == from_new.lrs
+    # the fixture was written on another machine, whose float rounding may differ a little
+    assert_close("losses", torch.tensor(from_new.losses), torch.tensor(from_old.losses),
+                 ratio=1e-4)
 
 
 # ---- writable folder and atomic writes -----------------------------------------------------

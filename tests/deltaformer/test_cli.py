@@ -14,7 +14,7 @@ from furnace.runtime.reproduce import discover
 
 def test_train_on_a_tiny_config_prints_accuracies(capsys):
     rc = main(["deltaformer", "train", "--task", "swap", "--mixer", "attention", "--d-model",
-               "16", "--heads", "2", "--steps", "5", "--batch-size", "8",
+               "16", "--num-heads", "2", "--steps", "5", "--batch-size", "8",
                "--eval-sequences", "16", "--eval-lengths", "24", "--no-rotary"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -24,13 +24,13 @@ def test_train_on_a_tiny_config_prints_accuracies(capsys):
 
 def test_a_diverged_run_exits_1_and_says_so(capsys):
     rc = main(["deltaformer", "train", "--task", "parity", "--length", "128", "--d-model", "32",
-               "--heads", "1", "--steps", "3", "--batch-size", "8", "--eval-sequences", "8"])
+               "--num-heads", "1", "--steps", "3", "--batch-size", "8", "--eval-sequences", "8"])
     assert rc == 1
     assert "diverged" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv", [["--task", "nope"], ["--kappa1", "bogus"],
-                                  ["--heads", "3"], ["--resume"]])
+                                  ["--num-heads", "3"], ["--resume"]])
 def test_bad_arguments_exit_2_with_a_message(argv, capsys):
     # the full table is cli_bad_inputs.py (run by test_checkpoints.py and the central test)
     try:
@@ -64,7 +64,7 @@ def test_help_shows_every_default(command, defaults, capsys):
 def test_train_writes_json_and_leaves_the_thread_count_alone(tmp_path, capsys):
     out = tmp_path / "result.json"
     threads = torch.get_num_threads()
-    rc = main(["deltaformer", "train", "--task", "parity", "--d-model", "8", "--heads", "2",
+    rc = main(["deltaformer", "train", "--task", "parity", "--d-model", "8", "--num-heads", "2",
                "--steps", "3", "--batch-size", "4", "--eval-sequences", "8", "--threads",
                "1", "--json", str(out)])
     assert rc == 0 and torch.get_num_threads() == threads
@@ -88,3 +88,28 @@ def test_reproduce_discovers_the_experiments():
     assert [e.name for e in experiments] == ["swap", "kernels", "parity_modarith", "lm",
                                              "kappa1"]
     assert [e.name for e in experiments if e.quick] == ["swap", "kernels"]
+
+
+def test_train_options_are_the_train_config_fields():
+    # flag, default, choices and help of each option come from its TrainConfig field
+    import dataclasses
+
+    from furnace.deltaformer.cli import FIELD_FLAGS
+    from furnace.deltaformer.config import TrainConfig
+    from furnace.runtime.cliargs import config_from_args
+
+    sub = build_parser()._subparsers._group_actions[0].choices["deltaformer"]
+    train = sub._subparsers._group_actions[0].choices["train"]
+    by_dest = {a.dest: a for a in train._actions}
+    for f in dataclasses.fields(TrainConfig):
+        if f.name not in FIELD_FLAGS:
+            continue
+        action = by_dest[f.name]
+        assert action.option_strings[0] == FIELD_FLAGS[f.name] == "--" + f.name.replace("_", "-")
+        assert action.default == f.default and action.help == f.metadata["help"], f.name
+        if "choices" in f.metadata:
+            assert tuple(action.choices) == tuple(f.metadata["choices"]), f.name
+    args = build_parser().parse_args(["deltaformer", "train", "--num-layers", "2",
+                                      "--beta-activation", "2sigmoid", "--eval-lengths", "32"])
+    assert config_from_args(TrainConfig, args) == TrainConfig(
+        num_layers=2, beta_activation="2sigmoid", eval_lengths=(32,))

@@ -1,23 +1,26 @@
 """Tests for `furnace reproduce deltaformer`'s experiments (DeltaFormer, Xu et al., NeurIPS
 2025): with the recipes shrunk to a few steps, the full set's tables are assembled from the
-runs, and the kappa1 trade-off table reuses the runs of the experiments before it."""
+runs, and the kappa1 trade-off table reuses the runs of the experiments before it in the
+same reproduce run (its `RunContext` artifacts), and only those."""
 
 from __future__ import annotations
 
 import pytest
 
 from furnace.deltaformer import experiments as ex
-from furnace.deltaformer.train import train_many
+from furnace.deltaformer.train import TrainConfig, train_many
 from furnace.runtime.reproduce import RunContext
 
 
 @pytest.fixture
 def tiny(monkeypatch):
     monkeypatch.setattr(ex, "STEPS", {"swap": 3, "parity": 3, "modarith": 3})
+    # small batches and evaluations too: the tables' assembly is under test, not accuracy
+    monkeypatch.setattr(ex, "TrainConfig", lambda **kw: TrainConfig(
+        **{"batch_size": 8, "eval_sequences": 64, **kw}))
     monkeypatch.setattr(ex, "LM_RECIPE", dict(task="lm", length=16, d_model=16, num_layers=1,
                                               num_heads=4, steps=3, batch_size=4,
                                               eval_sequences=8, corpus_bytes=200_000))
-    monkeypatch.setattr(ex, "_trained", {})
     trained = []
     real = train_many
 
@@ -46,3 +49,7 @@ def test_full_set_tables_and_reuse_of_runs(tiny, tmp_path):
     new = len(tiny) - before
     assert new == 3 * 5 - 2
     assert all(0 <= value <= 1 for row in rows for value in row[1:5])
+    # another reproduce run shares nothing with this one: it trains every run again
+    before = len(tiny)
+    ex.lm(RunContext(out_dir=tmp_path, quick=False))
+    assert len(tiny) - before == 9

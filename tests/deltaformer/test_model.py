@@ -1,7 +1,8 @@
 """Tests for the DeltaFormer layer and sequence models (Xu, Ao, He, Lu, Shi, Zhong, NeurIPS 2025,
 Sec. 3.2-3.4; DeltaNet baseline: Yang et al. 2024): the layer against the literal recurrence on its
-own projected tensors, per-head mixed kappa1, grouped heads against expanded heads, key-U cache
-decoding against the full forward, parameter counts per mixer, the 2 sigmoid beta, bad configs."""
+own projected tensors, per-head mixed kappa1, grouped heads against expanded heads (outputs, and
+gradients with mixed kappa1), key-U cache decoding against the full forward, parameter counts per
+mixer, the 2 sigmoid beta, bad configs."""
 
 from __future__ import annotations
 
@@ -97,7 +98,37 @@ def test_grouped_heads_equal_expanded_heads(w_source):
     x = _inputs()
     assert layer.beta_proj.out_features == (4 if w_source == "q" else 2)
     assert _max_error(layer(x), _naive_per_head(layer, x), x) < TOLERANCE
-    layer(x).sum().backward()  # the grouped path is differentiable
+
+
+def _gradients(layer, x, forward, seed=3):
+    """d/d(x, every parameter) of <forward(x), G> for a fixed random cotangent G."""
+    x = x.detach().clone().requires_grad_(True)
+    layer.zero_grad(set_to_none=True)
+    y = forward(x)
+    cotangent = torch.randn(y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(seed))
+    (y * cotangent).sum().backward()
+    return {"x": x.grad, **{name: p.grad for name, p in layer.named_parameters()}}
+
+
+@pytest.mark.parametrize("config", [
+    *({"num_kv_heads": 2, "w_source": w, "kappa1": ("softmax", "softmax", "linear", "linear")}
+      for w in ("k", "q", "own")),
+    {"kappa1": ("softmax", "linear", "relu", "linear")},
+], ids=["grouped-k", "grouped-q", "grouped-own", "mixed-kappa1"])
+def test_layer_gradients_equal_per_head_naive(config):
+    # the grouped and mixed-kappa1 paths against the literal recurrence per expanded head
+    layer = _layer(**config)
+    x = _inputs()
+    fast = _gradients(layer, x, layer)
+    reference = _gradients(layer, x, lambda x: _naive_per_head(layer, x))
+    assert fast.keys() == reference.keys()
+    largest = max(g.abs().max().item() for g in reference.values())
+    for name, g in reference.items():
+        assert g is not None and fast[name] is not None, f"no gradient for {name}"
+        # each gradient relative to its own largest entry; one that happens to be ~0 against
+        # a thousandth of the layer's largest, the magnitude its float64 rounding follows
+        error = max_relative_error(g, fast[name], scale=1e-3 * largest)
+        assert error < TOLERANCE, f"{name}: {error:.1e}"
 
 
 @pytest.mark.parametrize("kappa1", ["softmax", "linear", ("softmax", "linear", "linear",

@@ -42,6 +42,20 @@ def test_resume_from_checkpoint_equals_an_uninterrupted_run(tmp_path):
     assert (resumed.token_acc, resumed.last_acc) == (straight.token_acc, straight.last_acc)
 
 
+def test_training_leaves_the_callers_rng_alone_and_reports_each_step():
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    seen = []
+    result = train(_tiny(steps=4), progress=lambda step, metrics: seen.append((step, metrics)))
+    # the model is initialised in a forked RNG seeded with config.seed
+    assert torch.equal(torch.get_rng_state(), state)
+    assert [step for step, _ in seen] == [1, 2, 3, 4]
+    assert [m["loss"] for _, m in seen] == result.losses
+    assert [m["lr"] for _, m in seen] == result.lrs
+    torch.manual_seed(2)
+    assert train(_tiny(steps=4)).losses == result.losses
+
+
 def test_tiny_lm_run_reports_validation_loss():
     result = train(TrainConfig(task="lm", mixer="attention", d_model=16, num_heads=2,
                                length=16, steps=3, batch_size=4, eval_sequences=20,

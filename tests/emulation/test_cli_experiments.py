@@ -81,12 +81,48 @@ def test_select_and_app_commands(capsys):
 
 @pytest.mark.parametrize("dist", ["uniform", "normal", "wide", "cancel"])
 def test_operand_distributions(dist):
-    from furnace.emulation.cli import make_operands
+    from furnace.emulation import make_operands
 
     A, B = make_operands(dist, 16, np.float32, np.random.default_rng(0))
     assert A.shape == B.shape == (16, 16) and A.dtype == np.float32
     if dist == "wide":
         assert np.abs(A).max() > 65504 or np.abs(B).max() > 65504
+
+
+def test_operands_live_in_the_library_and_the_old_import_path_still_works():
+    import furnace.emulation as emulation
+    from furnace.emulation import cli, operands
+
+    assert emulation.DISTRIBUTIONS == ("uniform", "normal", "wide", "cancel")
+    assert cli.make_operands is operands.make_operands is emulation.make_operands
+    with pytest.raises(ValueError, match="unknown distribution"):
+        operands.make_operands("cauchy", 4, np.float64, np.random.default_rng(0))
+
+
+def test_the_emulate_options_are_the_configs_fields(capsys):
+    from dataclasses import fields
+
+    from furnace.cli import build_parser
+    from furnace.emulation.config import AppConfig, GemmConfig, SelectConfig, TypesConfig
+
+    emulate = build_parser()._subparsers._group_actions[0].choices["emulate"]
+    commands = emulate._subparsers._group_actions[0].choices
+    for name, config in (("gemm", GemmConfig), ("app", AppConfig), ("select", SelectConfig),
+                         ("types", TypesConfig)):
+        dests = [a.dest for a in commands[name]._actions if a.dest not in ("help", "_prog")]
+        assert dests == [f.name for f in fields(config)], name
+        for action in commands[name]._actions:
+            if action.dest in {f.name for f in fields(config)}:
+                f = next(f for f in fields(config) if f.name == action.dest)
+                assert action.help == f.metadata["help"], (name, f.name)
+                if action.option_strings:
+                    assert action.option_strings[0] == "--" + f.name.replace("_", "-")
+    with pytest.raises(ValueError, match="size"):
+        GemmConfig(type="FP32-B", size=0)
+    with pytest.raises(ValueError, match="dist"):
+        GemmConfig(type="FP32-B", dist="cauchy")
+    with pytest.raises(ValueError, match="requirement"):
+        SelectConfig(name="cg", requirement=float("nan"))
 
 
 def test_app_refused_halfway_exits_1_with_one_line_and_no_result(capsys, monkeypatch):

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from furnace.emulation.dsa import DSA, Int32OverflowError, NotNativeError, modelled_seconds
+from furnace.emulation.dsa import (
+    DSA,
+    DSACounters,
+    Int32OverflowError,
+    NotNativeError,
+    modelled_seconds,
+)
 from furnace.emulation.formats import round_to
 from furnace.runtime.presets import get_dsa_profile
 
@@ -193,3 +199,45 @@ def test_vendor_profiles_are_labelled_with_sources():
     assert "bf16" not in get_dsa_profile("ascend910").matrix_formats
     with pytest.raises(ValueError, match="unknown DSA profile"):
         get_dsa_profile("tpu")
+
+
+def _pin_counters(with_bf16: bool = True) -> DSACounters:
+    """Fixed counts on three matrix formats and the vector unit, with memory traffic."""
+    counters = DSACounters()
+    if with_bf16:
+        counters.record("mm_bf16", "matrix:bf16", 2 * 64 * 48 * 32, 12345)
+    counters.record("mm_fp16", "matrix:fp16", 2 * 128**3, 98304 + 65536)
+    counters.record("mm_int8", "matrix:int8", 2 * 256**3, 3 * 65536)
+    counters.record("add", "vector:fp32", 4096, 3 * 16384)
+    if with_bf16:
+        counters.record("fma", "vector:fp32", 2 * 1000, 4 * 4000)
+    return counters
+
+
+# modelled_seconds of `_pin_counters` computed with the code before issue 12 moved the time
+# model onto furnace.runtime.cost; the sum is taken in the same order, so the values agree
+# to the last bit (1e-12 relative allows for nothing else)
+DSA_PINS = {
+    "a100": 2.871316794871795e-07,
+    "h100": 1.5221583114643451e-07,
+    "h200": 1.1272452206683253e-07,
+    "toy": 4.3985362500000003e-07,
+}
+
+
+@pytest.mark.parametrize(("profile", "expected"), list(DSA_PINS.items()))
+def test_modelled_time_is_pinned(profile, expected):
+    got = modelled_seconds(_pin_counters(), get_dsa_profile(profile))
+    assert abs(got - expected) <= 1e-12 * expected
+
+
+def test_modelled_time_is_pinned_on_ascend():
+    # matrix work only: no vector or bandwidth figure is needed
+    matrix_only = DSACounters()
+    matrix_only.record("mm_fp16", "matrix:fp16", 2 * 512**3, 0)
+    matrix_only.record("mm_int8", "matrix:int8", 0, 0)
+    got = modelled_seconds(matrix_only, get_dsa_profile("ascend910"))
+    assert abs(got - 1.048576e-06) <= 1e-12 * 1.048576e-06
+    assumed = get_dsa_profile("ascend910", vector_fp32_flops=1e13, memory_bandwidth_Bps=1.2e12)
+    got = modelled_seconds(_pin_counters(with_bf16=False), assumed)
+    assert abs(got - 4.236629333333333e-07) <= 1e-12 * 4.236629333333333e-07

@@ -30,8 +30,10 @@ _BENCH_CASES: list[tuple[str, list[str]]] = [
     ("zipf-exponent-negative", ["--zipf-exponent", "-1"]),
     ("zipf-exponent-inf", ["--zipf-exponent", "inf"]),
     ("zipf-exponent-too-large", ["--zipf-exponent", "11"]),
+    ("tokens-per-rank-0", ["--tokens-per-rank", "0"]),
+    ("tokens-per-rank-text", ["--tokens-per-rank", "many"]),
+    # --tokens: the short spelling of --tokens-per-rank
     ("tokens-0", ["--tokens", "0"]),
-    ("tokens-text", ["--tokens", "many"]),
     ("d-model-0", ["--d-model", "0"]),
     ("d-hidden-0", ["--d-hidden", "0"]),
     ("d-hidden-negative", ["--d-hidden", "-8"]),

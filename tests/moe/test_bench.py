@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from furnace.moe.bench import BenchConfig, run_bench
+from furnace.moe.bench import BenchConfig, BenchResult, PolicyResult, run_bench
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +69,20 @@ def test_config_errors():
         BenchConfig(policies=("magic",))
     with pytest.raises(ValueError, match="trace_probabilities"):
         BenchConfig(routing="trace")
+
+
+def _policy(name: str, step_times: list[float]) -> PolicyResult:
+    return PolicyResult(policy=name, step_s=sorted(step_times)[len(step_times) // 2],
+                        step_times=step_times, cpu_s=0.0, bytes_sent=[0], bytes_received=[0],
+                        messages=[0], tokens_computed=[0], load_max_over_mean=1.0,
+                        shadowed=[], group_size=1, counts_WN=[[0]])
+
+
+def test_speedup_is_the_median_of_paired_round_ratios():
+    # round 2 ran on a host twice as busy: paired ratios cancel it, a ratio of medians not
+    result = BenchResult(BenchConfig(mode="virtual", steps=3), "virtual-clock", "t", 1.0, 1.0,
+                         0.0, 0.0, 0.0)
+    result.results["baseline"] = _policy("baseline", [4.0, 8.0, 4.0])
+    result.results["shadow"] = _policy("shadow", [2.0, 4.0, 1.0])
+    assert result.speedup("shadow") == 2.0
+    assert result.speedup("baseline") == 1.0

@@ -33,11 +33,13 @@ def test_simulate_writes_table_and_trace(tmp_path, capsys):
 @pytest.mark.timeout(300)
 def test_bench_virtual_small(tmp_path, capsys):
     path = tmp_path / "bench.json"
-    assert main(["moe", "bench", "--mode", "virtual", "--world-size", "2", "--tokens", "256",
+    assert main(["moe", "bench", "--mode", "virtual", "--world-size", "2", "--tokens-per-rank",
+                 "256",
                  "--d-model", "32", "--d-hidden", "64", "--steps", "1",
                  "--policies", "baseline", "shadow", "--json", str(path)]) == 0
     data = json.loads(path.read_text())
     assert data["label"] == "virtual-clock" and set(data["results"]) == {"baseline", "shadow"}
+    assert data["config"]["tokens_per_rank"] == 256 and data["config"]["world_size"] == 2
     capsys.readouterr()
     for argv, flag in ((["--mode", "real"], "--mode"), (["--hot-share", "1.5"], "--hot-share")):
         with pytest.raises(SystemExit) as info:
@@ -69,6 +71,29 @@ def test_bench_config_names_the_field():
         with pytest.raises(BenchConfigError) as info:
             BenchConfig(**kwargs)
         assert info.value.field == field
+
+
+def test_bench_options_are_the_config_fields():
+    # flags, defaults and choices of `moe bench` come from BenchConfig's fields
+    import dataclasses
+
+    from furnace.cli import build_parser
+    from furnace.moe.bench import BenchConfig
+    from furnace.moe.cli import BENCH_FIELDS, bench_config
+
+    moe = build_parser()._subparsers._group_actions[0].choices["moe"]
+    bench = moe._subparsers._group_actions[0].choices["bench"]
+    by_dest = {a.dest: a for a in bench._actions}
+    fields = {f.name: f for f in dataclasses.fields(BenchConfig)}
+    for name in BENCH_FIELDS:
+        action = by_dest[name]
+        assert action.option_strings[0] == "--" + name.replace("_", "-")
+        if name != "world_size":  # None: 4 local ranks, or torchrun's
+            assert action.default == fields[name].default, name
+    assert by_dest["mode"].choices == fields["mode"].metadata["choices"]
+    assert by_dest["tokens_per_rank"].option_strings == ["--tokens-per-rank", "--tokens"]
+    args = build_parser().parse_args(["moe", "bench", "--tokens", "64", "--policies", "smart"])
+    assert bench_config(args) == BenchConfig(tokens_per_rank=64, policies=("smart",))
 
 
 def test_simulate_trace_is_written_whole(tmp_path, capsys):

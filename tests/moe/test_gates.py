@@ -16,6 +16,7 @@ import torch
 from furnace.moe.gates import (
     GATES,
     BaseGate,
+    EmulatedRanksGate,
     GateContext,
     GShardGate,
     NaiveGate,
@@ -543,6 +544,80 @@ def test_topology_rank_without_experts_is_an_error():
     gate.bind(GateContext(rank=4, world_size=5, num_experts_per_rank=2, ranks_per_node=2))
     with pytest.raises(ValueError, match="holds none"):
         gate(skewed_input())
+
+
+# --- emulated ranks -----------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("num_tokens", [40, 37, 0])
+def test_emulated_ranks_routes_each_slice_as_its_rank(num_tokens):
+    # slice r of the batch goes through the wrapped gate bound to rank r, 2 ranks per node
+    inner = TopologyGate(D, N, 2, outgoing_fraction=0.1)
+    gate = EmulatedRanksGate(inner, world_size=4, num_experts_per_rank=2, ranks_per_node=2)
+    reference = TopologyGate(D, N, 2, outgoing_fraction=0.1)
+    reference.load_state_dict(inner.state_dict())
+    x = skewed_input(num_tokens=num_tokens)
+    out = gate(x)
+    check_contract(out, num_tokens, 2, torch.float32)
+    ids, scores, losses, cross = [], [], [], 0
+    for r, part in enumerate(torch.chunk(x, 4)):
+        ctx = GateContext(rank=r, world_size=4, num_experts_per_rank=2, ranks_per_node=2)
+        reference.bind(ctx)
+        o = reference(part)
+        ids.append(o.expert_ids_TK)
+        scores.append(o.scores_TK)
+        losses.append(o.balance_loss)
+        cross += int((node_of(o.expert_ids_TK, ctx) != r // 2).sum())
+    assert torch.equal(out.expert_ids_TK, torch.cat(ids))
+    torch.testing.assert_close(out.scores_TK, torch.cat(scores), rtol=0, atol=0)
+    torch.testing.assert_close(out.balance_loss, sum(losses) / len(losses), rtol=0, atol=0)
+    assert (gate.cross_node, gate.assignments) == (cross, 2 * num_tokens)
+    # the counts accumulate over forwards until reset
+    gate(x)
+    assert (gate.cross_node, gate.assignments) == (2 * cross, 4 * num_tokens)
+    gate.reset_counts()
+    assert (gate.cross_node, gate.assignments) == (0, 0)
+    # the wrapped gate's own context is untouched
+    assert inner.context == GateContext(num_experts_per_rank=N)
+
+
+@pytest.mark.timeout(60)
+def test_emulated_ranks_cuts_cross_node_traffic_with_the_topology_gate():
+    # the experiment's use: the topology gate's budget lowers the cross-node share
+    x = skewed_input(num_tokens=400)
+    shares = []
+    for fraction in (0.05, 1.0):
+        inner = build("topology", outgoing_fraction=fraction)
+        gate = EmulatedRanksGate(inner, world_size=4, num_experts_per_rank=2, ranks_per_node=2)
+        gate(x)
+        shares.append(gate.cross_node / gate.assignments)
+    # f = 0.05: at most floor(0.05 * 100) = 5 tokens per rank (2 assignments each) cross
+    assert shares[0] <= 4 * 5 * 2 / 800 < shares[1]
+
+
+@pytest.mark.timeout(60)
+def test_emulated_ranks_in_a_layer_trains_the_wrapped_scorer():
+    from furnace.moe import MoELayer
+
+    inner = make_gate("naive", D, N, 2)
+    gate = EmulatedRanksGate(inner, world_size=4, num_experts_per_rank=2)
+    layer = MoELayer(d_model=D, num_experts=N, top_k=2, gate=gate)
+    layer(skewed_input()).square().sum().backward()
+    assert inner.scorer.weight.grad is not None and bool(inner.scorer.weight.grad.any())
+    # one scorer, owned by the wrapped gate
+    assert [n for n, _ in gate.named_parameters()] == ["inner.scorer.weight",
+                                                       "inner.scorer.bias"]
+
+
+@pytest.mark.timeout(60)
+def test_emulated_ranks_bad_arguments():
+    with pytest.raises(ValueError, match="3 ranks x 2 experts hold 6"):
+        EmulatedRanksGate(NaiveGate(D, N, 2), world_size=3, num_experts_per_rank=2)
+    with pytest.raises(ValueError, match=">= 1"):
+        EmulatedRanksGate(NaiveGate(D, N, 2), world_size=0, num_experts_per_rank=2)
+    gate = EmulatedRanksGate(NaiveGate(D, N, 2), world_size=4, num_experts_per_rank=2)
+    with pytest.raises(TypeError, match="emulates its ranks itself"):
+        gate.bind(TOPO)
 
 
 # --- Zero --------------------------------------------------------------------------------

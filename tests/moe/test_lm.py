@@ -194,6 +194,8 @@ def test_train_lm_deterministic(corpus):
     assert a.trace == b.trace
     assert a.losses != c.losses
     assert seen == list(enumerate(a.losses))
+    # the shared loop's record: a constant learning rate, every step done
+    assert a.lrs == [3e-3] * 8 and a.steps_done == 8 and a.diverged_at is None
 
 
 def test_train_lm_errors(corpus):

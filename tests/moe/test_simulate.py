@@ -17,6 +17,8 @@ from furnace.moe.simulate import (
 )
 from furnace.moe.workload import hot_expert
 
+from .test_perfmodel import pin_counts, pin_models, pin_shadow
+
 
 def model(**kw) -> MoEPerfModel:
     base = {"d_model": 1, "d_hidden": 1, "flops_per_s": 4.0, "bandwidth_Bps": 4.0}
@@ -128,3 +130,71 @@ def test_validation_fits_the_rate_to_the_baseline_and_predicts_the_rest():
         assert emulated > 0 and abs(fitted - emulated) <= 1e-6 * emulated, name
     emulated, probed, _ = out["baseline"]
     assert probed < 0.95 * emulated
+
+
+# --- makespans pinned from before the cost formulas moved onto furnace.runtime.cost -------
+
+# computed with the code before issue 12, on test_perfmodel's pin models and routing: per
+# policy [shadowed experts, group size, makespan]; "fixed" shadows experts 3 and 10 at G = 2,
+# "host" is the same on 3 shared host cores at 2e10 FLOP/s; "policies" is
+# simulate_policies with a 1.2 capacity factor: [step_s, shadowed, G, dropped]
+SIM_PINS = {'v100': {'baseline': [[], 8, 0.05368309051547826],
+              'shadow': [[3], 8, 0.016532789131130435],
+              'smart': [[], 1, 0.03877977373495652],
+              'both': [[3], 8, 0.016532789131130435],
+              'fixed': [None, 2, 0.027722486778434783],
+              'host': [None, 2, 13.987530592640002],
+              'policies': {'baseline': [0.05368309051547826, 0, 8, 0.0],
+                           'shadow': [0.016532789131130435, 1, 8, 0.0],
+                           'smart': [0.03877977373495652, 0, 1, 0.0],
+                           'both': [0.016532789131130435, 1, 8, 0.0],
+                           'gshard-capacity': [0.010296754036869565, 0, 8, 0.482434731158938]}},
+     'sun': {'baseline': [[], 8, 0.04735036809663652],
+             'shadow': [[3], 8, 0.014796600000000002],
+             'smart': [[], 4, 0.0364605872],
+             'both': [[3], 8, 0.014796600000000002],
+             'fixed': [None, 2, 0.02593921248],
+             'host': [None, 2, 2.94422731424],
+             'policies': {'baseline': [0.04735036809663652, 0, 8, 0.0],
+                          'shadow': [0.014796600000000002, 1, 8, 0.0],
+                          'smart': [0.0364605872, 0, 4, 0.0],
+                          'both': [0.014796600000000002, 1, 8, 0.0],
+                          'gshard-capacity': [0.008770242163616637, 0, 8, 0.482434731158938]}},
+     'h100': {'baseline': [[], 8, 0.0009989932599402986],
+              'shadow': [[3], 8, 0.0002213777537910448],
+              'smart': [[], 2, 0.0006835248],
+              'both': [[3], 8, 0.0002213777537910448],
+              'fixed': [None, 2, 0.00037035616],
+              'host': [None, 2, 0.7359946601599999],
+              'policies': {'baseline': [0.0009989932599402986, 0, 8, 0.0],
+                           'shadow': [0.0002213777537910448, 1, 8, 0.0],
+                           'smart': [0.0006835248, 0, 2, 0.0],
+                           'both': [0.0002213777537910448, 1, 8, 0.0],
+                           'gshard-capacity': [0.00022906361600000003, 0, 8, 0.482434731158938]}}}
+
+
+@pytest.mark.parametrize("name", list(SIM_PINS))
+def test_simulated_makespans_are_pinned(name):
+    m, pins = pin_models()[name], SIM_PINS[name]
+    counts, E = pin_counts(), 2
+
+    def close(got: float, want: float) -> bool:
+        return abs(got - want) <= 1e-12 * abs(want)
+
+    for policy_name in ("baseline", "shadow", "smart", "both"):
+        shadowed, group, makespan = pins[policy_name]
+        policy = choose_policy(policy_name, m, counts, E)
+        assert np.flatnonzero(policy.shadow_N).tolist() == shadowed
+        assert policy.group_size == group
+        assert close(simulate_step(counts, m, E, policy).makespan, makespan), policy_name
+    fixed = Policy("fixed", pin_shadow(), 2)
+    assert close(simulate_step(counts, m, E, fixed).makespan, pins["fixed"][2])
+    hosted = simulate_step(counts, m, E, fixed, host_cores=3, host_flops_per_s=2e10)
+    assert close(hosted.makespan, pins["host"][2])
+    results = simulate_policies(counts, m, E, capacity_factor=1.2,
+                                tokens_per_rank=int(counts.sum(1).max()))
+    assert list(results) == list(pins["policies"])
+    for key, (step_s, shadowed, group, dropped) in pins["policies"].items():
+        r = results[key]
+        assert close(r.step_s, step_s) and close(r.dropped, dropped), key
+        assert (r.shadowed, r.group_size) == (shadowed, group), key

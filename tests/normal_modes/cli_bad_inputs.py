@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_BAND = ["--fmin", "0.3", "--fmax", "0.6"]
+# the band by the ModesConfig field names; the short spellings --fmin/--fmax in two cases
+_BAND = ["--fmin-mhz", "0.3", "--fmax-mhz", "0.6"]
 _HERE = str(Path(__file__).resolve())  # a file that surely exists, to pass where a folder goes
 _MISSING = "/nonexistent-furnace-folder"
 
@@ -19,14 +20,16 @@ def _modes(*args: str) -> list[str]:
 
 BAD_INPUTS: list[tuple[str, list[str]]] = [
     # the band
-    ("modes-fmin-text", _modes("--fmin", "low", "--fmax", "0.6")),
-    ("modes-fmin-zero", _modes("--fmin", "0", "--fmax", "0.6")),
-    ("modes-fmin-negative", _modes("--fmin", "-0.1", "--fmax", "0.6")),
-    ("modes-fmin-nan", _modes("--fmin", "nan", "--fmax", "0.6")),
-    ("modes-fmax-negative", _modes("--fmin", "0.3", "--fmax", "-1")),
-    ("modes-fmax-inf", _modes("--fmin", "0.3", "--fmax", "inf")),
-    ("modes-fmin-above-fmax", _modes("--fmin", "0.6", "--fmax", "0.4")),
-    ("modes-fmin-equals-fmax", _modes("--fmin", "0.5", "--fmax", "0.5")),
+    ("modes-fmin-text", _modes("--fmin-mhz", "low", "--fmax-mhz", "0.6")),
+    ("modes-fmin-zero", _modes("--fmin-mhz", "0", "--fmax-mhz", "0.6")),
+    ("modes-fmin-negative", _modes("--fmin-mhz", "-0.1", "--fmax-mhz", "0.6")),
+    ("modes-fmin-nan", _modes("--fmin-mhz", "nan", "--fmax-mhz", "0.6")),
+    ("modes-fmax-negative", _modes("--fmin-mhz", "0.3", "--fmax-mhz", "-1")),
+    ("modes-fmax-inf", _modes("--fmin-mhz", "0.3", "--fmax-mhz", "inf")),
+    ("modes-fmin-above-fmax", _modes("--fmin-mhz", "0.6", "--fmax-mhz", "0.4")),
+    ("modes-fmin-equals-fmax", _modes("--fmin-mhz", "0.5", "--fmax-mhz", "0.5")),
+    ("modes-short-fmin-zero", _modes("--fmin", "0", "--fmax", "0.6")),
+    ("modes-short-fmin-above-fmax", _modes("--fmin", "0.6", "--fmax", "0.4")),
     # the planet and its mesh
     ("modes-planet-unknown", _modes("--planet", "venus", *_BAND)),
     ("modes-mesh-size-zero", _modes(*_BAND, "--mesh-size", "0")),

@@ -103,3 +103,24 @@ def test_incomplete_solve_exits_1_with_one_line(monkeypatch, capsys):
     assert main(["modes", "--fmin", "0.3", "--fmax", "0.4"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "found 3 of about 5 eigenvalues" in err
+
+
+def test_options_come_from_the_modes_config_fields():
+    import dataclasses
+
+    from furnace.normal_modes.config import ModesConfig
+
+    modes = build_parser()._subparsers._group_actions[0].choices["modes"]
+    by_dest = {a.dest: a for a in modes._actions}
+    for f in dataclasses.fields(ModesConfig):
+        if f.name not in by_dest:  # order and lumped: set by --p2
+            continue
+        action = by_dest[f.name]
+        assert action.option_strings[0] == "--" + f.name.replace("_", "-"), f.name
+        if f.name != "slices":  # None: 1, or the number of MPI ranks
+            assert action.help == f.metadata["help"], f.name
+            assert action.default == (None if f.default is dataclasses.MISSING else f.default)
+    assert set(by_dest) >= {"planet", "fmin_mhz", "fmax_mhz", "mesh_size", "slices", "fluid"}
+    # the short spellings of the band parse into the same fields
+    args = build_parser().parse_args(["modes", "--fmin", "0.3", "--fmax-mhz", "0.6"])
+    assert (args.fmin_mhz, args.fmax_mhz) == (0.3, 0.6)

@@ -117,10 +117,11 @@ def test_bad_arguments():
 _SINGLE = """
 import torch.distributed as dist
 from furnace.runtime.launch import init_from_env
-ctx = init_from_env()
-assert (ctx.rank, ctx.world_size, ctx.backend, ctx.device.type) == (0, 1, "gloo", "cpu"), ctx
-assert dist.get_world_size() == 1
-dist.destroy_process_group()
+with init_from_env() as ctx:
+    assert (ctx.rank, ctx.world_size, ctx.backend, ctx.device.type) == (0, 1, "gloo", "cpu"), ctx
+    assert ctx.owns_group
+    assert dist.get_world_size() == 1
+assert not dist.is_initialized()
 print("single ok")
 """
 
@@ -132,20 +133,6 @@ def test_init_from_env_without_launcher():
                          env=env, timeout=50)
     assert out.returncode == 0, out.stderr
     assert "single ok" in out.stdout
-
-
-@pytest.mark.timeout(120)
-def test_torchrun_selfcheck():
-    torchrun = Path(sys.executable).with_name("torchrun")
-    if not torchrun.exists():
-        pytest.skip("torchrun is not installed beside this Python")
-    out = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m",
-         "furnace.runtime.selfcheck"],
-        capture_output=True, text=True, timeout=110,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert "selfcheck: ok (10 ops per rank, 2 ranks, gloo)" in out.stdout
 
 
 def test_torch_threads_sets_the_count_and_restores_it_after_an_error():
@@ -287,3 +274,126 @@ def test_init_from_env_as_a_context_destroys_the_group_on_success_and_error():
                          env=env, timeout=50)
     assert out.returncode == 0, out.stderr
     assert "context ok 1" in out.stdout
+
+
+def _joined_existing(rank: int, world_size: int) -> tuple[bool, bool, list[str]]:
+    from furnace.runtime.launch import init_from_env
+
+    with pytest.warns(RuntimeWarning) as caught:
+        with init_from_env(backend="nccl", timeout_s=7) as ctx:
+            owned = ctx.owns_group
+    # the group belongs to run_distributed: leaving the block must not have destroyed it
+    alive = dist.is_initialized()
+    dist.barrier()
+    return owned, alive, [str(w.message) for w in caught]
+
+
+@pytest.mark.timeout(60)
+def test_joining_an_existing_group_warns_about_each_ignored_argument_and_leaves_it_alive():
+    out = run_distributed(_joined_existing, 2, timeout_s=50)
+    for owned, alive, messages in out:
+        assert not owned
+        assert alive
+        assert len(messages) == 2, messages
+        assert "backend='nccl' is ignored" in messages[0]
+        assert "already exists with backend 'gloo'" in messages[0]
+        assert "timeout_s=7 is ignored" in messages[1]
+
+
+_TORCHRUN_ENTRY = """
+import importlib, os, sys
+import torch.distributed as dist
+
+# usage: entry.py cli|selfcheck [--fail-on-rank-1 MODULE:FUNCTION] [ARGS...]
+entry, argv = sys.argv[1], sys.argv[2:]
+rank = int(os.environ["RANK"])
+if argv[:1] == ["--fail-on-rank-1"]:
+    module_name, name = argv[1].split(":")
+    argv = argv[2:]
+    module = importlib.import_module(module_name)
+    original = getattr(module, name)
+
+    def fail_on_rank_1(*args, **kwargs):
+        # rank 0 goes on into collectives that rank 1 never joins
+        if rank == 1:
+            raise RuntimeError("failure injected on rank 1")
+        return original(*args, **kwargs)
+
+    setattr(module, name, fail_on_rank_1)
+if entry == "cli":
+    from furnace.cli import main as run
+    run_main = lambda: run(argv)
+else:
+    from furnace.runtime.selfcheck import main as run_main
+try:
+    outcome = f"returned {run_main()}"
+except BaseException as exc:
+    outcome = f"raised {type(exc).__name__}"
+print(f"rank {rank}: main {outcome}; group alive after main: {dist.is_initialized()}",
+      flush=True)
+# exit 0 even on the error path: torchrun would otherwise kill the peer before it reports
+"""
+
+_TINY_BENCH = ["moe", "bench", "--mode", "measured", "--world-size", "2", "--tokens", "8",
+               "--d-model", "8", "--d-hidden", "8", "--steps", "1", "--policies", "baseline"]
+
+
+def _torchrun(tmp_path: Path, entry: str, *argv: str) -> str:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    script = tmp_path / "entry.py"
+    script.write_text(_TORCHRUN_ENTRY)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script), entry, *argv],
+        capture_output=True, text=True, timeout=100, env=env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
+def _outcomes(log: str) -> dict[int, tuple[str, str]]:
+    """Each rank's (how main ended, whether its group was still alive after main)."""
+    found = {}
+    for line in log.splitlines():
+        if line.startswith("rank ") and "group alive after main:" in line:
+            head, alive = line.split("; group alive after main: ")
+            rank, outcome = head.split(": main ")
+            found[int(rank.split()[1])] = (outcome, alive)
+    return found
+
+
+# every entry point that joins a process group under torchrun, on success and on an error
+# inside the group; the error is raised on rank 1 only, the harder case for rank 0
+_TORCHRUN_CASES = {
+    "selfcheck": (("selfcheck",), ("returned 0", "returned 0")),
+    "selfcheck-fails": (("selfcheck", "--fail-on-rank-1",
+                         "furnace.runtime.selfcheck:check_collectives"),
+                        (None, "raised RuntimeError")),
+    "cli-selfcheck": (("cli", "selfcheck", "--world-size", "2"), ("returned 0", "returned 0")),
+    "moe-bench": (("cli", *_TINY_BENCH), ("returned 0", "returned 0")),
+    "moe-bench-fails": (("cli", "--fail-on-rank-1", "furnace.moe.bench:_bench_rank",
+                         *_TINY_BENCH), (None, "raised RuntimeError")),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(_TORCHRUN_CASES))
+def test_no_rank_leaves_a_process_group_alive_under_torchrun(tmp_path, case):
+    argv, expected = _TORCHRUN_CASES[case]
+    log = _torchrun(tmp_path, *argv)
+    outcomes = _outcomes(log)
+    assert sorted(outcomes) == [0, 1], log
+    for rank, (outcome, alive) in outcomes.items():
+        assert alive == "False", f"rank {rank} left its group alive:\n{log}"
+        if expected[rank] is not None:
+            assert outcome == expected[rank], log
+        else:
+            # rank 0 fails in a collective its peer left, whichever one it was in
+            assert outcome.startswith("raised"), log
+    if case == "selfcheck":
+        assert "selfcheck: ok (10 ops per rank, 2 ranks, gloo)" in log
+    if case == "moe-bench":
+        assert "baseline" in log

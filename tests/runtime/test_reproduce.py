@@ -62,7 +62,10 @@ def test_labels_are_checked():
     with pytest.raises(ValueError, match="kind must be one of"):
         Table(title="t", columns=["a"], rows=[[1]], kind="guessed")
     with pytest.raises(ValueError, match="has 2 cells, expected 1"):
-        Table(title="t", columns=["a"], rows=[[1, 2]])
+        Table(title="t", columns=["a"], rows=[[1, 2]], kind="measured")
+    # no default: a table with a forgotten label must not read as measured
+    with pytest.raises(TypeError, match="kind"):
+        Table(title="t", columns=["a"], rows=[[1]])  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="kind must be one of"):
         Claim(what="w", paper="p", ours="o", kind="estimated")
 

@@ -6,8 +6,9 @@ Transformer it extends.
 For each sequence length T all three run on the same float32 [B, T, H, D] inputs with
 ``requires_grad``. Forward time is measured with autograd recording (as in training);
 forward+backward includes ``backward`` of a fixed random output gradient. Each time is the
-median of ``repeats`` calls after one warm-up call. Peak memory of one forward+backward is
-the resident-set high-water mark of a spawned child (`furnace.runtime.memory`), so it
+median of ``repeats`` calls after one warm-up call (`furnace.runtime.timing.time_call`).
+Peak memory of one forward+backward is the resident-set high-water mark of a spawned child
+(`furnace.runtime.timing.measure_in_subprocess`, with the parent's thread count), so it
 includes what BLAS and LAPACK allocate, the inputs and their gradients (a few MiB at most),
 and the first call's one-time cost of faulting in torch's code and workspaces: a floor of
 about 40 MiB (SDPA) to 47 MiB (chunk) that a T = 16 call already shows. Compare peaks across
@@ -23,9 +24,7 @@ import argparse
 import contextlib
 import json
 import math
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -41,8 +40,7 @@ from furnace.runtime.cliargs import (
     output_file,
     positive_int,
 )
-from furnace.runtime.launch import torch_threads
-from furnace.runtime.memory import measure_in_subprocess
+from furnace.runtime.timing import measure_in_subprocess, time_call, torch_threads
 
 from .chunk import deltaformer_chunk
 from .naive import KAPPA1_KINDS, deltaformer_naive
@@ -107,13 +105,7 @@ def agreement_error(reference: torch.Tensor, actual: torch.Tensor, v: torch.Tens
 
 
 def _median_seconds(call: Callable[[], object], repeats: int) -> float:
-    call()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return time_call(call, repeats=repeats, warmup=1).median
 
 
 def peak_worker(
@@ -126,10 +118,11 @@ def peak_worker(
     chunk_size: int,
     threads: int,
 ) -> None:
-    """One forward+backward of ``impl`` in a measuring child (module level so it pickles)."""
-    torch.set_num_threads(threads)
-    x = make_inputs(batch, seq_len, heads, dim)
-    _forward_backward(impl, x, kappa1, chunk_size)
+    """One forward+backward of ``impl`` with ``threads`` torch threads (restored after), as
+    run in a measuring child (module level so it pickles)."""
+    with torch_threads(threads):
+        x = make_inputs(batch, seq_len, heads, dim)
+        _forward_backward(impl, x, kappa1, chunk_size)
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:

@@ -3,12 +3,15 @@ Transformer on the state-tracking tasks (paper Sec. 4.1, App. D) or the byte-lev
 benchmark its kernels (paper Sec. 3.4).
 
     furnace deltaformer train --task swap --mixer deltaformer --kappa1 linear --steps 1500
+    furnace deltaformer train --task parity --num-layers 2 --num-heads 2 --beta-activation 2sigmoid
     furnace deltaformer train --task lm --checkpoint run.pt [--resume | --overwrite]
     furnace deltaformer bench [--lengths 256 1024] [--json bench.json]
 
 Every mistake in the arguments (a number out of range, an impossible combination, an
 unwritable output, a missing, corrupt or mismatched checkpoint) is found before any
-training and ends with exit status 2 and one line on stderr naming the argument.
+training and ends with exit status 2 and one line on stderr naming the argument. The
+options of `train` that set `TrainConfig` fields are declared from its fields (flag = field
+name, default, choices and help from the field).
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Any
 
 from furnace.runtime.cliargs import (
     UsageError,
+    add_config_arguments,
+    config_from_args,
     float_in,
     int_in,
     nonnegative_int,
@@ -30,16 +35,16 @@ from furnace.runtime.cliargs import (
 )
 
 from . import bench
-from .model import BETA_ACTIVATIONS, MIXERS
+from .config import TrainConfig
 from .naive import KAPPA1_KINDS
-from .tasks import TASKS
 
-# the flag that sets each TrainConfig field, for messages about a checkpoint's config
-FIELD_FLAGS = {"task": "--task", "length": "--length", "mixer": "--mixer",
-               "d_model": "--d-model", "num_layers": "--layers", "num_heads": "--heads",
-               "kappa1": "--kappa1", "beta_activation": "--beta", "chunk_size": "--chunk-size",
-               "steps": "--steps", "batch_size": "--batch-size", "lr": "--lr",
-               "weight_decay": "--weight-decay", "seed": "--seed"}
+# the TrainConfig fields `train` sets, in the order of its --help; the flag of each is the
+# field's name (add_config_arguments), which the messages about a checkpoint's config use
+MODEL_FIELDS = ("task", "mixer", "kappa1", "num_layers", "d_model", "num_heads", "chunk_size",
+                "steps", "batch_size", "lr", "weight_decay", "length", "eval_sequences",
+                "eval_lengths", "rotary", "beta_activation", "seed")
+CHECKPOINT_FIELDS = ("checkpoint", "checkpoint_every")
+FIELD_FLAGS = {name: "--" + name.replace("_", "-") for name in MODEL_FIELDS + CHECKPOINT_FIELDS}
 MAX_THREADS = 1024
 
 
@@ -72,43 +77,28 @@ def add_parser(subparsers) -> None:
     df.set_defaults(func=lambda args: (df.print_help(), 0)[1])
 
     tr = sub.add_parser("train", help="train one model and print its final metrics")
-    tr.add_argument("--task", choices=sorted(TASKS) + ["lm"], default="swap",
-                    help="state-tracking task, or lm: the byte-level LM on stdlib sources")
-    tr.add_argument("--mixer", choices=MIXERS, default="deltaformer",
-                    help="sequence mixer of every block")
-    tr.add_argument("--kappa1", type=_kappa1, default="linear",
-                    help=f"erase kernel ({', '.join(KAPPA1_KINDS)}), or comma-separated, one "
-                    "per head")
-    tr.add_argument("--layers", type=positive_int, default=1, help="decoder blocks")
-    tr.add_argument("--d-model", type=positive_int, default=64,
-                    help="residual width; --heads must divide it")
-    tr.add_argument("--heads", type=positive_int, default=4, help="attention heads")
-    tr.add_argument("--chunk-size", type=positive_int, default=64,
-                    help="rows per triangular solve of the chunked u-stage")
-    tr.add_argument("--steps", type=positive_int, default=1500,
-                    help="optimizer steps, the OneCycle horizon")
-    tr.add_argument("--batch-size", type=positive_int, default=128, help="sequences per step")
-    tr.add_argument("--lr", type=positive_float, default=3e-3, help="OneCycle peak rate")
-    tr.add_argument("--weight-decay", type=float_in(0.0), default=0.01, help="AdamW weight decay")
-    tr.add_argument("--length", type=positive_int, default=16,
-                    help="training sequence length (the LM's context)")
-    tr.add_argument("--eval-sequences", type=positive_int, default=2000,
-                    help="fresh evaluation sequences (tasks) or validation windows (lm)")
-    tr.add_argument("--eval-lengths", type=positive_int, nargs="+", default=[], metavar="T",
-                    help="tasks only: also report last-position accuracy at these lengths "
-                    "(length generalisation)")
-    tr.add_argument("--rotary", action=argparse.BooleanOptionalAction, default=True,
-                    help="rotary positions (--no-rotary: none, NoPE)")
-    tr.add_argument("--beta", choices=BETA_ACTIVATIONS, default="sigmoid",
-                    help="beta activation (2sigmoid: beta in (0, 2), can blow up)")
-    tr.add_argument("--seed", type=_seed, default=0, help="model initialisation and data")
+    add_config_arguments(tr, TrainConfig, MODEL_FIELDS, overrides={
+        "kappa1": {"type": _kappa1},
+        "num_layers": {"type": positive_int},
+        "d_model": {"type": positive_int},
+        "num_heads": {"type": positive_int},
+        "chunk_size": {"type": positive_int},
+        "steps": {"type": positive_int},
+        "batch_size": {"type": positive_int},
+        "lr": {"type": positive_float},
+        "weight_decay": {"type": float_in(0.0)},
+        "length": {"type": positive_int},
+        "eval_sequences": {"type": positive_int},
+        "eval_lengths": {"type": positive_int, "metavar": "T"},
+        "seed": {"type": _seed},
+    })
     tr.add_argument("--threads", type=int_in(0, MAX_THREADS), default=1,
                     help="torch threads (0: leave the default); one is fastest on a shared "
                     "2-core box")
-    tr.add_argument("--checkpoint", type=output_file, metavar="FILE",
-                    help="checkpoint file (its folder must exist and be writable)")
-    tr.add_argument("--checkpoint-every", type=nonnegative_int, default=0,
-                    help="steps between checkpoints (0: only at the end)")
+    add_config_arguments(tr, TrainConfig, CHECKPOINT_FIELDS, overrides={
+        "checkpoint": {"type": output_file, "metavar": "FILE"},
+        "checkpoint_every": {"type": nonnegative_int},
+    })
     tr.add_argument("--resume", action="store_true",
                     help="continue the run in --checkpoint (same settings; a larger --steps "
                     "extends it with a second OneCycle cycle)")
@@ -136,14 +126,14 @@ def _check_train_args(args: argparse.Namespace) -> None:
     require(args.json is None or args.checkpoint is None
             or args.json.resolve() != args.checkpoint.resolve(), "--json",
             f"must differ from --checkpoint, got {args.json} for both")
-    require(args.d_model % args.heads == 0, "--heads",
-            f"must divide --d-model {args.d_model}, got {args.heads}")
-    head_width = args.d_model // args.heads
+    require(args.d_model % args.num_heads == 0, "--num-heads",
+            f"must divide --d-model {args.d_model}, got {args.num_heads}")
+    head_width = args.d_model // args.num_heads
     require(not args.rotary or head_width % 2 == 0, "--d-model",
-            f"--d-model / --heads must be even with rotary positions, got {args.d_model} / "
-            f"{args.heads} = {head_width} (change them or pass --no-rotary)")
-    require(isinstance(args.kappa1, str) or len(args.kappa1) == args.heads, "--kappa1",
-            f"must name one kernel or one per head (--heads {args.heads}), got "
+            f"--d-model / --num-heads must be even with rotary positions, got {args.d_model} "
+            f"/ {args.num_heads} = {head_width} (change them or pass --no-rotary)")
+    require(isinstance(args.kappa1, str) or len(args.kappa1) == args.num_heads, "--kappa1",
+            f"must name one kernel or one per head (--num-heads {args.num_heads}), got "
             f"{len(args.kappa1) if not isinstance(args.kappa1, str) else 1}")
     require(not (args.eval_lengths and args.task == "lm"), "--eval-lengths",
             "applies to the tasks, not to --task lm")
@@ -188,13 +178,12 @@ def _train(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from furnace.runtime.atomic import OutputError, atomic_write_text
-    from furnace.runtime.launch import torch_threads
+    from furnace.runtime.timing import torch_threads
 
     from .train import (
         CheckpointError,
         CheckpointExistsError,
         CheckpointMismatchError,
-        TrainConfig,
         TrainDataError,
         prepare_checkpoint,
         train,
@@ -202,15 +191,7 @@ def _train(args: argparse.Namespace) -> int:
 
     _check_train_args(args)
     try:
-        config = TrainConfig(task=args.task, mixer=args.mixer, kappa1=args.kappa1,
-                             num_layers=args.layers, d_model=args.d_model,
-                             num_heads=args.heads, chunk_size=args.chunk_size,
-                             steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                             weight_decay=args.weight_decay, length=args.length,
-                             eval_sequences=args.eval_sequences, seed=args.seed,
-                             eval_lengths=tuple(args.eval_lengths), rotary=args.rotary,
-                             beta_activation=args.beta, checkpoint=args.checkpoint,
-                             checkpoint_every=args.checkpoint_every)
+        config = config_from_args(TrainConfig, args)
     except ValueError as exc:
         # every combination the config refuses is checked above with its flag; this is a
         # last resort that still keeps the one-line contract

@@ -15,9 +15,11 @@ of the same width, with the recipes of design note `deltaformer.md` Sec. 7 (b) a
   arithmetic and the LM in one table, failures included: the trade-off between tracking
   and language modelling (paper App. F).
 
-Training runs single-threaded, two runs side by side (`train.train_many`). A run with the
-same config as one this process already trained is reused, not retrained: `kappa1` reads
-the runs of the experiments before it.
+Training runs single-threaded, two runs side by side (`train.train_many`). A trained run is
+a shared artifact of the reproduce run (`RunContext.shared`, keyed by its config): a run
+with the same config as one an earlier experiment of the same reproduce run trained is
+reused, not retrained (`kappa1` reads the runs of the experiments before it). Runs are
+seeded, so an experiment run alone trains exactly the runs it would have reused.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from furnace.runtime.launch import torch_threads
 from furnace.runtime.reproduce import Claim, Experiment, Result, RunContext, Table
 
 from .bench import bench_kernels
-from .train import TrainConfig, TrainResult, train_many
+from .train import DeltaFormerTrainResult as TrainResult
+from .train import TrainConfig, train_many
 
 PAPER = "Xu et al., DeltaFormer, NeurIPS 2025"
 MIX = ("softmax", "softmax", "linear", "linear")
@@ -47,12 +50,21 @@ LM_RECIPE = dict(task="lm", length=128, d_model=128, num_layers=4, num_heads=4, 
                  batch_size=16, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95),
                  eval_sequences=400)
 
-_trained: dict[str, TrainResult] = {}
+
+
+def _run_key(config: TrainConfig) -> tuple[str, str]:
+    # TrainConfig is not hashable; its repr names every field, so equal configs share a key
+    return ("deltaformer.train", repr(config))
 
 
 def _train(ctx: RunContext, configs: list[TrainConfig]) -> list[TrainResult]:
-    """Train what this process has not trained yet, two at a time; results in order."""
-    todo = list({repr(c): c for c in configs if repr(c) not in _trained}.values())
+    """Train what this reproduce run has not trained yet, two at a time; results in order.
+
+    Each run is ``ctx.shared(_run_key(c), ...)``: the builder is training ``c``, a pure
+    function of the config (seeded). The runs this call lacks are trained together first,
+    side by side, and each is then stored under its own key.
+    """
+    todo = list({repr(c): c for c in configs if _run_key(c) not in ctx.artifacts}.values())
     # longest first, so the last runs do not leave a core idle for long
     todo.sort(key=_cost, reverse=True)
     finished = 0
@@ -63,11 +75,15 @@ def _train(ctx: RunContext, configs: list[TrainConfig]) -> list[TrainResult]:
         ctx.progress(f"{finished}/{len(todo)} trained: {_name(result)}, {result.config.task} "
                      f"T={result.config.length} ({result.seconds:.0f} s)")
 
+    fresh: dict[str, TrainResult] = {}
     if todo:
         ctx.progress(f"training {len(todo)} models, two at a time")
-        for result in train_many(todo, workers=WORKERS, on_done=done):
-            _trained[repr(result.config)] = result
-    return [_trained[repr(c)] for c in configs]
+        fresh = {repr(r.config): r for r in train_many(todo, workers=WORKERS, on_done=done)}
+
+    def trained(config: TrainConfig) -> TrainResult:
+        return ctx.shared(_run_key(config), lambda: fresh[repr(config)])
+
+    return [trained(c) for c in configs]
 
 
 def _last(r: TrainResult, length: int | None = None) -> float:
@@ -119,7 +135,7 @@ def _task_table(title: str, runs: list[TrainResult], chance: float) -> Table:
              _last(r), r.seconds] for r in runs]
     return Table(title=title, columns=["model", "task", "T", "params", "steps", "token acc",
                                        "last-position acc", "seconds"], rows=rows,
-                 note=_NOTE.format(chance=f"{chance:.2f}"))
+                 kind="measured", note=_NOTE.format(chance=f"{chance:.2f}"))
 
 
 def swap(ctx: RunContext) -> Result:
@@ -172,6 +188,7 @@ def kernels(ctx: RunContext) -> Result:
                          r["naive_over_chunk"], r["chunk_over_sdpa"], r["peak_mib_naive"],
                          r["peak_mib_chunk"], r["peak_mib_sdpa"],
                          f"{r['max_rel_err_chunk_vs_naive']:.1e}"] for r in rows],
+                  kind="measured",
                   note="Forward+backward medians of 3 after a warm-up, same inputs, same run. "
                   "Peak memory is the resident high-water mark of a child process, including "
                   "a ~40-47 MiB floor of torch's own code and workspaces.")
@@ -218,7 +235,7 @@ def parity_modarith(ctx: RunContext) -> Result:
     result.tables.append(Table(
         title=f"Parity and modular arithmetic: trained at T=16, evaluated at T=16 and T={LONG}",
         columns=["model", "task", "params", "steps", "token acc T=16", "last acc T=16",
-                 f"last acc T={LONG}", "seconds"], rows=rows,
+                 f"last acc T={LONG}", "seconds"], rows=rows, kind="measured",
         note=_NOTE.format(chance="0.5 (parity), 0.2 (modular arithmetic, mod 5 with + and -)")))
     result.data = {"runs": [r.to_dict() for r in runs]}
     return result
@@ -270,7 +287,7 @@ def lm(ctx: RunContext) -> Result:
         tables=[Table(title="Byte-level LM, 4 layers, d=128, context 128, 600 steps",
                       columns=["model", "seed", "params", "val loss (nats/byte)",
                                "perplexity/byte", "minus Transformer mean", "seconds"],
-                      rows=rows,
+                      rows=rows, kind="measured",
                       note="Validation: mean cross-entropy over 400 windows spread evenly "
                       "over the held-out files (every 13th stdlib file). Batch 16, AdamW lr "
                       "3e-3 OneCycle, wd 0.1. Seconds: two runs side by side on 2 cores.")],
@@ -304,7 +321,7 @@ def kappa1(ctx: RunContext) -> Result:
         title="kappa1 trade-off: 1-layer DeltaFormer on the tracking tasks (last-position "
         "accuracy) vs 4-layer DeltaFormer on the LM (seed 0)",
         columns=["kappa1", "swap T=16", "parity T=16", f"parity T={LONG}", "modarith T=16",
-                 "LM val loss", "LM vs Transformer"], rows=rows,
+                 "LM val loss", "LM vs Transformer"], rows=rows, kind="measured",
         note=f"Chance: swap 0.2, parity 0.5, modarith 0.2. Transformer LM val loss: "
         f"{tf_loss:.4f} nats/byte (mean of 2 seeds). 'mix' = 2 softmax-kappa1 heads + 2 "
         "linear-kappa1 heads. Steps as in the task tables (swap, parity 1500; modarith 3000). "

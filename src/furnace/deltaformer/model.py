@@ -43,7 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .chunk import deltaformer_u, deltanet_chunk
-from .naive import KAPPA1_KINDS, _kappa1_row, default_kappa1_scale
+
+# the config lives in config.py (with the training config); re-exported here
+from .config import BETA_ACTIVATIONS, MIXERS, W_SOURCES, LMConfig
+from .naive import _kappa1_row, default_kappa1_scale
 
 __all__ = [
     "BETA_ACTIVATIONS",
@@ -61,124 +64,6 @@ __all__ = [
     "TransformerLM",
     "apply_rotary",
 ]
-
-MIXERS = ("attention", "deltaformer", "deltanet")
-W_SOURCES = ("k", "q", "own")
-BETA_ACTIVATIONS = ("sigmoid", "2sigmoid")
-
-
-@dataclass(kw_only=True)
-class LMConfig:
-    """Size and mixer of a `SequenceModel`.
-
-    Attributes:
-        vocab_size: input tokens.
-        d_model: residual width D.
-        num_layers: decoder blocks.
-        num_heads: query heads H (must divide d_model).
-        num_kv_heads: key-value heads G (must divide num_heads); None means num_heads.
-        mixer: "attention", "deltaformer" or "deltanet".
-        kappa1: DeltaFormer erase kernel, one name for all heads or a tuple with one per head.
-        w_source: "k" (paper default), "q" (flash-linear-attention) or "own" (own projection).
-        beta_activation: "sigmoid" (beta in (0, 1)) or "2sigmoid" (beta in (0, 2); can blow up).
-        qk_norm: RMSNorm per head on q, k (and an own w).
-        rotary: rotary position embedding on q, k, w (not used by the DeltaNet mixer).
-        rotary_base: RoPE frequency base.
-        max_len: longest sequence accepted.
-        num_classes: None for an LM head over vocab_size; else a per-position classifier.
-        mlp_ratio: MLP hidden width / d_model.
-        chunk_size: rows per triangular solve in the chunked DeltaFormer u-stage.
-    """
-
-    vocab_size: int = 256
-    d_model: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int | None = None
-    mixer: str = "deltaformer"
-    kappa1: str | tuple[str, ...] = "softmax"
-    w_source: str = "k"
-    beta_activation: str = "sigmoid"
-    qk_norm: bool = False
-    rotary: bool = True
-    rotary_base: float = 10000.0
-    max_len: int = 128
-    num_classes: int | None = None
-    mlp_ratio: int = 4
-    chunk_size: int = 64
-
-    def __post_init__(self) -> None:
-        if self.num_kv_heads is None:
-            self.num_kv_heads = self.num_heads
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
-                     "max_len", "mlp_ratio", "chunk_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.num_classes is not None and (
-            isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int)
-            or self.num_classes < 1
-        ):
-            raise ValueError(f"num_classes must be None or a positive int, got "
-                             f"{self.num_classes!r}")
-        if self.d_model % self.num_heads:
-            raise ValueError(f"num_heads={self.num_heads} must divide d_model={self.d_model}")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide "
-                             f"num_heads={self.num_heads}")
-        if self.mixer not in MIXERS:
-            raise ValueError(f"unknown mixer {self.mixer!r}; known: {MIXERS}")
-        if self.w_source not in W_SOURCES:
-            raise ValueError(f"unknown w_source {self.w_source!r}; known: {W_SOURCES}")
-        if self.beta_activation not in BETA_ACTIVATIONS:
-            raise ValueError(f"unknown beta_activation {self.beta_activation!r}; "
-                             f"known: {BETA_ACTIVATIONS}")
-        if self.rotary and self.head_dim % 2:
-            raise ValueError(f"rotary needs an even head width, got {self.head_dim}")
-        if isinstance(self.kappa1, list):
-            self.kappa1 = tuple(self.kappa1)
-        names = (self.kappa1,) if isinstance(self.kappa1, str) else self.kappa1
-        if not isinstance(names, tuple) or not names:
-            raise ValueError(f"kappa1 must be a name or a non-empty tuple of names, "
-                             f"got {self.kappa1!r}")
-        for name in names:
-            if name not in KAPPA1_KINDS:
-                raise ValueError(f"unknown kappa1 {name!r}; known: {KAPPA1_KINDS}")
-        if not isinstance(self.kappa1, str) and len(self.kappa1) != self.num_heads:
-            raise ValueError(f"kappa1 tuple has {len(self.kappa1)} entries but num_heads="
-                             f"{self.num_heads}")
-        # A u-stage shared by a key-value group has one kernel; heads of a group must agree.
-        if self.u_heads < self.num_heads:
-            group = self.num_heads // self.num_kv_heads
-            per_head = self.kappa1_per_head
-            for g in range(self.num_kv_heads):
-                if len(set(per_head[g * group:(g + 1) * group])) > 1:
-                    raise ValueError(
-                        f"query heads {g * group}..{(g + 1) * group - 1} share key-value head "
-                        f"{g} and so one U (w_source={self.w_source!r}), but have kappa1 "
-                        f"{per_head[g * group:(g + 1) * group]}"
-                    )
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.num_heads
-
-    @property
-    def kappa1_per_head(self) -> tuple[str, ...]:
-        if isinstance(self.kappa1, str):
-            return (self.kappa1,) * self.num_heads
-        return self.kappa1
-
-    @property
-    def u_heads(self) -> int:
-        """Heads of the DeltaFormer u-stage: one per key-value head unless w comes from q."""
-        return self.num_heads if self.w_source == "q" else self.num_kv_heads
-
-    @property
-    def kappa1_per_u_head(self) -> tuple[str, ...]:
-        stride = self.num_heads // self.u_heads
-        return self.kappa1_per_head[::stride]
-
 
 def apply_rotary(x_BTHC: torch.Tensor, positions_T: torch.Tensor, base: float) -> torch.Tensor:
     """Rotary position embedding (rotate-half layout) of x at integer positions."""

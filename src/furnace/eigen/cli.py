@@ -31,6 +31,8 @@ from furnace.runtime.atomic import OutputError, atomic_write_text
 from furnace.runtime.cliargs import (
     Parser,
     UsageError,
+    add_config_arguments,
+    config_from_args,
     float_in,
     input_file,
     nonnegative_int,
@@ -38,12 +40,11 @@ from furnace.runtime.cliargs import (
     positive_int,
 )
 
-from .config import COUNT_CHECKS, SolverConfig
+from .config import SolverConfig
 
 MODES = ("slices", "rows", "groups")
 # the exit status of a solve that ran but cannot vouch for the number of eigenvalues found
 EXIT_INCOMPLETE = 1
-_INERTIA_MAX_N = SolverConfig.__dataclass_fields__["inertia_max_n"].default
 _EPILOG = ("exit status: 0 every eigenvalue in [A, B] found and the count vouched for; 1 the "
            "count could not be vouched for (see the per-slice report) or an output could not "
            "be written; 2 a usage error")
@@ -70,19 +71,14 @@ def add_parser(subparsers) -> None:
                        "ranks, or groups of --group-size ranks per slice (default: slices)")
     solve.add_argument("--group-size", type=positive_int, default=None,
                        help="ranks per group for --mode groups (default: none)")
-    solve.add_argument("--tol", type=float_in(0.0, 1.0, lo_open=True, hi_open=True),
-                       default=1e-10, help="relative residual tolerance")
-    solve.add_argument("--threads", type=positive_int, default=1,
-                       help="threads for the sparse products of each process")
-    solve.add_argument("--count-check", choices=COUNT_CHECKS, default="auto",
-                       help="vouch for the count by Sylvester inertia (exact, sparse LDL^T), "
-                       "by the KPM estimate and a deflated rerun, or auto: inertia up to "
-                       f"{_INERTIA_MAX_N} unknowns (default: auto)")
-    solve.add_argument("--max-lanczos-steps", type=positive_int, default=None,
-                       help="cap on the Krylov dimension of one run (default: min(n, 2000))")
-    solve.add_argument("--max-restarts", type=nonnegative_int, default=12,
-                       help="deflated Lanczos restarts per slice: they find the missing copies "
-                       "of repeated eigenvalues and confirm that nothing is left")
+    # the solver's own settings: options declared from the SolverConfig fields
+    add_config_arguments(
+        solve, SolverConfig, ["tol", "threads", "count_check", "max_lanczos_steps",
+                              "max_restarts"],
+        overrides={"tol": {"type": float_in(0.0, 1.0, lo_open=True, hi_open=True)},
+                   "threads": {"type": positive_int},
+                   "max_lanczos_steps": {"type": positive_int},
+                   "max_restarts": {"type": nonnegative_int}})
     solve.add_argument("--json", type=output_file, default=None,
                        help="write eigenvalues, the slice report and counters here "
                        "(default: none)")
@@ -117,10 +113,10 @@ def _config(args: argparse.Namespace) -> SolverConfig:
     a, b = args.interval
     if not a < b:
         raise UsageError("--interval", f"must satisfy A < B, got A={a:g}, B={b:g}")
-    return SolverConfig(a=a, b=b, mass="lumped" if args.lumped else "consistent", tol=args.tol,
-                        threads=args.threads, count_check=args.count_check,
-                        max_lanczos_steps=args.max_lanczos_steps,
-                        max_restarts=args.max_restarts, allow_incomplete=True)
+    # args.mass is the --mass file, not the field: the field follows --lumped
+    return config_from_args(SolverConfig, args, a=a, b=b,
+                            mass="lumped" if args.lumped else "consistent",
+                            allow_incomplete=True)
 
 
 def _layout(args: argparse.Namespace, size: int):

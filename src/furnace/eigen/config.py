@@ -9,16 +9,21 @@ trace test every 20 steps from step 30 with tolerance 2e-12.
 The completeness settings (count_check, inertia_max_n, max_restarts, slice_capacity,
 allow_incomplete) are this package's own: pEVSL trusts its trace test, which once returned
 611 of 989 eigenvalues as converged (see README.md, "Completeness").
+
+The fields that `furnace eigen solve` sets carry their option's help in
+``metadata["help"]`` (`furnace.runtime.cliargs.add_config_arguments`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MASS_KINDS = ("consistent", "lumped")
 DAMPING_KINDS = ("sigma", "jackson", "none")
 COUNT_CHECKS = ("auto", "inertia", "dos")
+# largest n that count_check="auto" factorises
+INERTIA_MAX_N = 20_000
 
 
 @dataclass(kw_only=True)
@@ -74,17 +79,24 @@ class SolverConfig:
     thresh_ext: float = 0.7
     damping: str = "sigma"
     max_degree: int = 10000
-    max_lanczos_steps: int | None = None
-    tol: float = 1e-10
+    max_lanczos_steps: int | None = field(default=None, metadata={
+        "help": "cap on the Krylov dimension of one run (default: min(n, 2000))"})
+    tol: float = field(default=1e-10, metadata={"help": "relative residual tolerance"})
     trace_tol: float = 2e-12
     seed: int = 0
     check_every: int = 20
     min_steps: int = 30
     bound_steps: int = 100
-    threads: int = 1
-    count_check: str = "auto"
-    inertia_max_n: int = 20_000
-    max_restarts: int = 12
+    threads: int = field(default=1, metadata={
+        "help": "threads for the sparse products of each process"})
+    count_check: str = field(default="auto", metadata={
+        "help": "vouch for the count by Sylvester inertia (exact, sparse LDL^T), by the KPM "
+        f"estimate and a deflated rerun, or auto: inertia up to {INERTIA_MAX_N} unknowns "
+        "(default: auto)", "choices": COUNT_CHECKS})
+    inertia_max_n: int = INERTIA_MAX_N
+    max_restarts: int = field(default=12, metadata={
+        "help": "deflated Lanczos restarts per slice: they find the missing copies of "
+        "repeated eigenvalues and confirm that nothing is left"})
     slice_capacity: int | None = None
     allow_incomplete: bool = False
 

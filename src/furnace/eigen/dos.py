@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from furnace.eigen.filters import damping_factors
 from furnace.eigen.operators import ScaledPencil
@@ -59,12 +60,12 @@ class DensityOfStates:
     def degree(self) -> int:
         return int(self.moments.size - 1)
 
-    def _theta(self, lam) -> np.ndarray:
+    def _theta(self, lam: npt.ArrayLike) -> np.ndarray:
         center, half_width = 0.5 * (self.lmax + self.lmin), 0.5 * (self.lmax - self.lmin)
         t = np.clip((np.asarray(lam, dtype=float) - center) / half_width, -1.0, 1.0)
         return np.arccos(t)
 
-    def _count_below(self, lam, moments: np.ndarray) -> np.ndarray:
+    def _count_below(self, lam: npt.ArrayLike, moments: np.ndarray) -> np.ndarray:
         theta = self._theta(lam)
         # with t = cos(theta), int T_k(t) / sqrt(1 - t^2) dt = -sin(k theta) / k
         k = np.arange(1, moments.shape[0])
@@ -72,7 +73,7 @@ class DensityOfStates:
         series = np.sin(np.multiply.outer(theta, k)) @ weighted
         return (np.multiply.outer(np.pi - theta, moments[0]) - 2.0 * series) / np.pi
 
-    def count_below(self, lam) -> np.ndarray:
+    def count_below(self, lam: npt.ArrayLike) -> np.ndarray:
         """Estimated number of eigenvalues <= lam (integral of phi from lmin)."""
         return self._count_below(lam, self.moments)
 
@@ -109,7 +110,7 @@ class DensityOfStates:
                      + self.boundary_blur(hi) + DOS_RELATIVE * abs(self.count(lo, hi))
                      + DOS_ABSOLUTE)
 
-    def __call__(self, lam) -> np.ndarray:
+    def __call__(self, lam: npt.ArrayLike) -> np.ndarray:
         """Density per unit lambda."""
         theta = self._theta(lam)
         k = np.arange(self.moments.size)

@@ -11,8 +11,17 @@ Intervals touching an end of the spectrum centre the delta at that end instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    from furnace.eigen.operators import Counters
+
+# a matrix or an operator applied with `@` (a scipy sparse matrix, a dense array, a
+# LinearOperator, `ScaledOperator`) or called; scipy ships no type information: Any
+Operator: TypeAlias = Any
 
 # a or b this close (in mapped units) to an end of [-1, 1] selects the end-interval filter
 END_TOL = 1e-9
@@ -34,10 +43,10 @@ def damping_factors(degree: int, damping: str) -> np.ndarray:
     raise ValueError(f"damping must be 'sigma', 'jackson' or 'none', got {damping!r}")
 
 
-def chebyshev_series(coefficients: np.ndarray, t) -> np.ndarray:
+def chebyshev_series(coefficients: np.ndarray, t: npt.ArrayLike) -> np.ndarray:
     """sum_k c_k T_k(t) for any real t (three-term recurrence, valid outside [-1, 1] too)."""
     t = np.asarray(t, dtype=float)
-    prev = np.ones_like(t)
+    prev: np.ndarray = np.ones_like(t)
     total = coefficients[0] * prev
     if coefficients.size == 1:
         return total
@@ -99,7 +108,7 @@ def balance_theta(weights: np.ndarray, theta_a: float, theta_b: float) -> float:
     return theta
 
 
-def _fresh(y, *others) -> np.ndarray:
+def _fresh(y: npt.ArrayLike, *others: np.ndarray) -> np.ndarray:
     """y as a float array we may overwrite: copied if it could alias an operand."""
     y = np.asarray(y, dtype=float)
     if not y.flags.writeable or any(np.may_share_memory(y, o) for o in others):
@@ -144,13 +153,13 @@ class ChebFilter:
         """The peak position in lambda units."""
         return self.center + self.half_width * self.gamma
 
-    def __call__(self, lam) -> np.ndarray:
+    def __call__(self, lam: npt.ArrayLike) -> np.ndarray:
         """Filter values at eigenvalue(s) lam."""
         return chebyshev_series(
             self.coefficients, (np.asarray(lam, dtype=float) - self.center) / self.half_width
         )
 
-    def apply(self, op, v: np.ndarray, counters=None) -> np.ndarray:
+    def apply(self, op: Operator, v: np.ndarray, counters: Counters | None = None) -> np.ndarray:
         """p(op) v by the three-term recurrence on (op - c) / e: `degree` op applications.
 
         Args:

@@ -28,6 +28,7 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as sla
 
 from furnace.eigen.checks import PencilError
+from furnace.eigen.filters import Operator
 from furnace.eigen.operators import is_diagonal, row_sums
 
 # ||L U - P S P^T||_2 / ||S||_1 above this: the pivot signs are the inertia of a matrix too far
@@ -64,7 +65,7 @@ def _sparse_negative_pivots(S: sp.csc_matrix) -> int | None:
     return int(np.count_nonzero(pivots < 0))
 
 
-def backward_error(S: sp.csc_matrix, lu) -> float:
+def backward_error(S: sp.csc_matrix, lu: sla.SuperLU) -> float:
     """||E||_2 / ||S||_1 for E = Pr^T L U Pc^T - S, by a few steps of power iteration on E^T E.
 
     Unpivoted LDL^T of an indefinite matrix is not backward stable in general (Higham,
@@ -95,7 +96,7 @@ def backward_error(S: sp.csc_matrix, lu) -> float:
     return estimate / float(abs(S).sum(axis=0).max())
 
 
-def _dense_negative_eigenvalues(S) -> int:
+def _dense_negative_eigenvalues(S: Operator) -> int:
     """Negative eigenvalues of a symmetric matrix from LAPACK's Bunch-Kaufman LDL^T."""
     _, blocks, _ = scipy.linalg.ldl(S.toarray() if sp.issparse(S) else S, lower=True)
     # D is block diagonal with 1 x 1 and 2 x 2 blocks, so tridiagonal: its eigenvalues (by
@@ -127,7 +128,7 @@ class InertiaCounter:
         mass: "consistent" or "lumped".
     """
 
-    def __init__(self, A, M, *, mass: str = "consistent"):
+    def __init__(self, A: Operator, M: Operator | None, *, mass: str = "consistent") -> None:
         self.A = sp.csr_matrix(A, dtype=float)
         n = self.A.shape[0]
         if M is None:

@@ -19,13 +19,16 @@ eigenvalue sitting on an end of [a, b] (where p equals bar) is not lost to round
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import scipy.linalg
 
-from furnace.eigen.filters import ChebFilter
-from furnace.eigen.operators import Counters, ScaledPencil, SerialSpace
+from furnace.eigen.config import SolverConfig
+from furnace.eigen.filters import ChebFilter, Operator
+from furnace.eigen.operators import Counters, ScaledPencil, SerialSpace, Space
 
 # counts that the operators and the space add to the pencil's Counters as they work
 _OPERATOR_COUNTS = ("a_matvecs", "m_matvecs", "halo_bytes", "halo_messages", "allreduces")
@@ -33,6 +36,34 @@ _OPERATOR_COUNTS = ("a_matvecs", "m_matvecs", "halo_bytes", "halo_messages", "al
 # exactly at a and b, so an eigenvalue on an end converges to bar from either side, and a slice
 # also locks the eigenvalues just beyond its ends (up to the shifts its inertia counts used)
 CANDIDATE_SLACK = 1e-2
+
+
+class AcceptInterval(NamedTuple):
+    """Rayleigh quotients rho that a run accepts: lo <= rho <= hi if closed_hi, else < hi."""
+
+    lo: float
+    hi: float
+    closed_hi: bool
+
+
+class _Accepted(NamedTuple):
+    """The Ritz pairs one Rayleigh-Ritz step of a run accepts, and how many it does not."""
+
+    values: np.ndarray
+    vectors: np.ndarray
+    residuals: np.ndarray
+    # Ritz values of p at or above bar * (1 - CANDIDATE_SLACK)
+    num_candidates: int
+    # candidates inside the interval whose residual has not yet met the tolerance
+    num_pending: int
+
+
+class _LanczosRun(NamedTuple):
+    accepted: _Accepted
+    converged: bool
+    num_steps: int
+    basis_v: np.ndarray
+    basis_z: np.ndarray
 
 
 @dataclass
@@ -73,7 +104,8 @@ def residual_scale(lo: float, hi: float, lmin: float, lmax: float) -> float:
 
 
 def relative_residuals(
-    a_op, m_op, vectors, values, scale: float, space: SerialSpace | None = None
+    a_op: Operator, m_op: Operator, vectors: np.ndarray, values: np.ndarray, scale: float,
+    space: Space | None = None,
 ) -> np.ndarray:
     """||A u - rho M u||_2 / (max(scale, |rho|) ||M u||_2) for each column u.
 
@@ -91,7 +123,7 @@ def relative_residuals(
     return res / denom
 
 
-def _rayleigh_ritz(pencil: ScaledPencil, basis: np.ndarray):
+def _rayleigh_ritz(pencil: ScaledPencil, basis: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Eigenpairs of (A~, M~) projected on span(basis), M~-orthonormal (exact M~, not M~^-1)."""
     a_basis = pencil.a_op @ basis
     m_basis = pencil.mass @ basis
@@ -103,14 +135,14 @@ def _rayleigh_ritz(pencil: ScaledPencil, basis: np.ndarray):
     return values, basis @ coeffs
 
 
-def _lanczos_steps(pencil, poly, config, filtered, deflate, basis_v, basis_z, max_steps,
-                   accept_interval, scale, counters, progress):
-    """The Lanczos loop of `filtered_lanczos` from a normalised start (column 0 of the bases).
-
-    Returns:
-        (accepted, converged, num_steps, basis_v, basis_z) with accepted = (values, vectors,
-        residuals, num_candidates, num_pending).
-    """
+def _lanczos_steps(pencil: ScaledPencil, poly: ChebFilter, config: SolverConfig,
+                   filtered: Callable[[np.ndarray], np.ndarray],
+                   deflate: Callable[[np.ndarray], None], basis_v: np.ndarray,
+                   basis_z: np.ndarray, max_steps: int, accept_interval: AcceptInterval,
+                   scale: float, counters: Counters,
+                   progress: Callable[[int], None] | None) -> _LanczosRun:
+    """The Lanczos loop of `filtered_lanczos` from a normalised start (column 0 of the bases);
+    the bases come back grown to the Krylov dimension reached."""
     space = pencil.space
     n = pencil.n
     lo, hi, closed_hi = accept_interval
@@ -119,13 +151,13 @@ def _lanczos_steps(pencil, poly, config, filtered, deflate, basis_v, basis_z, ma
     trace_prev = np.inf
     converged = False
     bar = poly.bar
-    accepted = None
+    accepted: _Accepted | None = None
 
-    def accept(num: int):
+    def accept(num: int) -> _Accepted:
         ritz, coeffs = scipy.linalg.eigh_tridiagonal(np.array(alphas), np.array(betas[: num - 1]))
         wanted = ritz >= bar * (1.0 - CANDIDATE_SLACK)
         if not np.any(wanted):
-            return np.zeros(0), np.zeros((n, 0)), np.zeros(0), 0, 0
+            return _Accepted(np.zeros(0), np.zeros((n, 0)), np.zeros(0), 0, 0)
         ritz_vectors = basis_v[:, :num] @ coeffs[:, wanted]
         values, vectors = _rayleigh_ritz(pencil, ritz_vectors)
         inside = (values >= lo) & ((values <= hi) if closed_hi else (values < hi))
@@ -133,7 +165,7 @@ def _lanczos_steps(pencil, poly, config, filtered, deflate, basis_v, basis_z, ma
         good = inside & (res <= config.tol)
         # candidates inside [a, b] that fail the residual test mean "not yet converged"
         pending = int(np.sum(inside & ~good))
-        return values[good], vectors[:, good], res[good], int(wanted.sum()), pending
+        return _Accepted(values[good], vectors[:, good], res[good], int(wanted.sum()), pending)
 
     num = 1
     for j in range(max_steps):
@@ -162,7 +194,7 @@ def _lanczos_steps(pencil, poly, config, filtered, deflate, basis_v, basis_z, ma
             trace = float(ritz[ritz >= bar].sum())
             if abs(trace - trace_prev) < config.trace_tol or invariant:
                 accepted = accept(num)
-                if accepted[4] == 0 or invariant:
+                if accepted.num_pending == 0 or invariant:
                     converged = True
                     break
             trace_prev = trace
@@ -178,16 +210,16 @@ def _lanczos_steps(pencil, poly, config, filtered, deflate, basis_v, basis_z, ma
         basis_z[:, step] = z_new / beta
     if accepted is None or not converged:
         accepted = accept(num)
-    return accepted, converged, num, basis_v, basis_z
+    return _LanczosRun(accepted, converged, num, basis_v, basis_z)
 
 
 def filtered_lanczos(
     pencil: ScaledPencil,
     poly: ChebFilter,
-    config,
+    config: SolverConfig,
     *,
-    accept_interval: tuple[float, float, bool] | None = None,
-    progress=None,
+    accept_interval: AcceptInterval | None = None,
+    progress: Callable[[int], None] | None = None,
     locked: tuple[np.ndarray, np.ndarray] | None = None,
     seed: int | None = None,
 ) -> LanczosResult:
@@ -196,10 +228,10 @@ def filtered_lanczos(
     Args:
         pencil: the Jacobi-scaled pencil with its mass solver (`scale_pencil`).
         poly: the filter for [a, b] (`find_polynomial`).
-        config: `SolverConfig` (tol, trace_tol, check_every, min_steps, max_lanczos_steps,
-            seed).
-        accept_interval: (lo, hi, closed_hi): accept rho in [lo, hi] if closed_hi else
-            [lo, hi); used by spectrum slicing so that neighbouring slices do not both
+        config: the solver's settings; a run reads tol, trace_tol, check_every, min_steps,
+            max_lanczos_steps and seed.
+        accept_interval: accept rho in [lo, hi] if closed_hi else [lo, hi); used by
+            spectrum slicing so that neighbouring slices do not both
             report an eigenvalue on their common boundary. Default [poly.a, poly.b].
         progress: optional callable(step), told the Krylov dimension after every step.
         locked: (V, M~ V) of pairs found before, M~-orthonormal (this rank's rows): the run
@@ -211,9 +243,9 @@ def filtered_lanczos(
     counters = Counters()
     space = pencil.space
     n = pencil.n
-    lo, hi, closed_hi = accept_interval or (poly.a, poly.b, True)
-    locked_v, locked_z = (None, None) if locked is None else locked
-    num_locked = 0 if locked_v is None else locked_v.shape[1]
+    lo, hi, closed_hi = accept_interval or AcceptInterval(poly.a, poly.b, True)
+    locked_v, locked_z = (np.zeros((n, 0)), np.zeros((n, 0))) if locked is None else locked
+    num_locked = locked_v.shape[1]
     # the Krylov dimension is bounded by the global n (less the locked pairs: the deflated
     # space is that much smaller), so every rank stops at the same step
     max_steps = config.max_lanczos_steps or min(space.size, 2000)
@@ -231,8 +263,8 @@ def filtered_lanczos(
             z -= locked_z @ space.dot(locked_v, z)
             counters.reorth_flops += 4 * n * num_locked
 
-    nothing = (np.zeros(0), np.zeros((n, 0)), np.zeros(0), 0, 0)
-    accepted, converged, num = nothing, True, 0
+    accepted = _Accepted(np.zeros(0), np.zeros((n, 0)), np.zeros(0), 0, 0)
+    converged, num = True, 0
     basis_v = basis_z = np.empty((n, 0))
     if max_steps >= 1:
         rng = np.random.default_rng(config.seed if seed is None else seed)
@@ -248,8 +280,9 @@ def filtered_lanczos(
             basis_v[:, 0], basis_z[:, 0] = v / norm, z / norm
             accepted, converged, num, basis_v, basis_z = _lanczos_steps(
                 pencil, poly, config, filtered, deflate, basis_v, basis_z, max_steps,
-                (lo, hi, closed_hi), scale, counters, progress)
-    values, vectors, res, num_candidates, _ = accepted
+                AcceptInterval(lo, hi, closed_hi), scale, counters, progress)
+    values, vectors, res = accepted.values, accepted.vectors, accepted.residuals
+    num_candidates = accepted.num_candidates
     counters.peak_basis_bytes = max(counters.peak_basis_bytes, basis_v.nbytes + basis_z.nbytes)
     shared = pencil.counters
     for name in _OPERATOR_COUNTS:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import scipy.linalg
@@ -165,6 +166,7 @@ class ScaledOperator:
             return out
         if self._scaled is not None:
             return self._scaled @ x
+        assert self._d is not None  # set whenever _scaled is not
         d = self._d if x.ndim == 1 else self._d[:, None]
         return d * np.asarray(self._op @ (d * x))
 
@@ -199,6 +201,7 @@ class ScaledOperator:
 
     def _run_blocks(self, fn) -> None:
         """fn(lo, hi, rows) for every row block, the first one in the calling thread."""
+        assert self._blocks is not None and self._pool is not None  # threaded operators only
         pending = [self._pool.submit(fn, *item) for item in self._blocks[1:]]
         fn(*self._blocks[0])
         for future in pending:
@@ -244,6 +247,25 @@ class SerialSpace:
     def scaled_operator(self, op, d: np.ndarray, counters: Counters, field_name: str):
         """D op D on this process's rows, counting matvecs into counters.field_name."""
         return ScaledOperator(op, d, counters, field_name, threads=self.threads)
+
+
+class Space(Protocol):
+    """The rows a process holds and the reductions over them: `SerialSpace`, or
+    `furnace.eigen.distributed.DistributedSpace` for rows split over ranks."""
+
+    size: int
+    local_size: int
+
+    def dot(self, x: np.ndarray, y: np.ndarray, /) -> Any: ...
+
+    def norms(self, x: np.ndarray, /) -> np.ndarray: ...
+
+    def reduce(self, partial: np.ndarray, /) -> np.ndarray: ...
+
+    def restrict(self, x_global: np.ndarray, /) -> np.ndarray: ...
+
+    def scaled_operator(self, op: Any, d: np.ndarray, counters: Counters,
+                        field_name: str, /) -> ScaledOperator: ...
 
 
 class LumpedMass:
@@ -354,7 +376,7 @@ def lanczos_bounds(
     num_steps: int = 100,
     seed: int = 0,
     margin: float = 1e-3,
-    space: SerialSpace | None = None,
+    space: Space | None = None,
 ) -> tuple[float, float]:
     """Estimate [lmin, lmax] of mass^-1 op (see `lanczos_extremes`)."""
     found = lanczos_extremes(op, mass, num_steps=num_steps, seed=seed, margin=margin,
@@ -369,7 +391,7 @@ def lanczos_extremes(
     num_steps: int = 100,
     seed: int = 0,
     margin: float = 1e-3,
-    space: SerialSpace | None = None,
+    space: Space | None = None,
 ) -> LanczosExtremes:
     """Estimate [lmin, lmax] of mass^-1 op by Lanczos with full reorthogonalisation.
 
@@ -400,7 +422,8 @@ def lanczos_extremes(
     basis_v = np.zeros((n, num_steps))
     basis_z = np.zeros((n, num_steps))
     basis_v[:, 0], basis_z[:, 0] = v / norm, z / norm
-    alphas, betas = [], []
+    alphas: list[float] = []
+    betas: list[float] = []
     for j in range(num_steps):
         z_new = op @ basis_v[:, j]
         alpha = space.dot(basis_v[:, j], z_new)
@@ -424,6 +447,15 @@ def lanczos_extremes(
     return LanczosExtremes(float(ritz[0]), float(ritz[-1]), float(lmin), float(lmax))
 
 
+class MassOperator(Protocol):
+    """M~ as the solver uses it: products M~ x and solves M~^-1 x (`LumpedMass`,
+    `ChebyshevMassSolve`, `IdentityMass`)."""
+
+    def __matmul__(self, x: np.ndarray, /) -> np.ndarray: ...
+
+    def solve(self, x: np.ndarray, /) -> np.ndarray: ...
+
+
 @dataclass
 class ScaledPencil:
     """The Jacobi-scaled pencil (A~, M~) = (D A D, D M D) with its mass solver and bounds.
@@ -433,13 +465,14 @@ class ScaledPencil:
     """
 
     a_op: ScaledOperator
-    mass: object
+    mass: MassOperator
     scaling: np.ndarray
     lmin: float
     lmax: float
     mass_bounds: tuple[float, float] | None
     counters: Counters
-    space: SerialSpace = field(default=None)
+    # None only until __post_init__ puts the serial space in
+    space: Space = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.space is None:
@@ -472,7 +505,7 @@ class ScaledPencil:
 
 
 def scale_pencil(
-    A, M, config, counters: Counters | None = None, *, space: SerialSpace | None = None
+    A, M, config, counters: Counters | None = None, *, space: Space | None = None
 ) -> ScaledPencil:
     """Jacobi-scale (A, M), build the mass solver of `config.mass`, estimate [lmin, lmax].
 
@@ -488,7 +521,8 @@ def scale_pencil(
     space = SerialSpace(n, threads=config.threads) if space is None else space
     if space.size != n:
         raise ValueError(f"the space has {space.size} rows, the pencil {n}")
-    mass_bounds = None
+    mass_bounds: tuple[float, float] | None = None
+    mass: MassOperator
     if M is None:
         scaling = np.ones(n)
         mass = IdentityMass(space.local_size)
@@ -507,7 +541,8 @@ def scale_pencil(
         scaling = 1.0 / np.sqrt(diag)
         scaled_mass = space.scaled_operator(M, scaling, counters, "m_matvecs")
         if config.mass_bounds is not None:
-            mass_bounds = tuple(float(x) for x in config.mass_bounds)
+            alpha, beta = config.mass_bounds
+            mass_bounds = (float(alpha), float(beta))
         else:
             found = lanczos_extremes(scaled_mass, num_steps=config.bound_steps,
                                      seed=config.seed, space=space)

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import scipy.io
@@ -31,9 +33,10 @@ import scipy.sparse as sp
 from furnace.eigen.checks import PencilError, check_pencil
 from furnace.eigen.config import SolverConfig
 from furnace.eigen.dos import DensityOfStates, kpm_dos, slice_spectrum
-from furnace.eigen.filters import END_TOL, find_polynomial
+from furnace.eigen.filters import END_TOL, Operator, find_polynomial
 from furnace.eigen.inertia import END_STEPS, INNER_STEPS, InertiaCount, InertiaCounter
 from furnace.eigen.lanczos import (
+    AcceptInterval,
     _rayleigh_ritz,
     filtered_lanczos,
     relative_residuals,
@@ -172,11 +175,53 @@ class SlicePlan:
         return (min([lo, *points]) - self.margin, max([hi, *points]) + self.margin)
 
 
-def _merge_duplicates(values, vectors, residuals, mass, rel_tol: float = 1e-8):
+class Pairs(NamedTuple):
+    """Eigenpairs with their relative residuals; vectors are the columns."""
+
+    values: np.ndarray
+    vectors: np.ndarray
+    residuals: np.ndarray
+
+
+class SlicePairs(NamedTuple):
+    """What one slice reports: its pairs (vectors of the scaled pencil, this process's rows)
+    and its `SliceInfo`."""
+
+    values: np.ndarray
+    vectors: np.ndarray
+    residuals: np.ndarray
+    info: SliceInfo
+
+
+class SlicesPairs(NamedTuple):
+    """The pairs of several slices concatenated in slice order (not sorted, not merged), and
+    one `SliceInfo` per slice."""
+
+    values: np.ndarray
+    vectors: np.ndarray
+    residuals: np.ndarray
+    infos: list[SliceInfo]
+
+
+class DosEstimate(NamedTuple):
+    """`estimate_dos`'s result: the density of states and the work it took."""
+
+    dos: DensityOfStates
+    counters: Counters
+
+
+# counts(points, outward, steps): the inertia counts below each point (see `plan_slices`)
+CountFunction = Callable[[Iterable[float], Iterable[float], "tuple[float, ...]"],
+                         "list[InertiaCount | None]"]
+_Shared = TypeVar("_Shared")
+
+
+def _merge_duplicates(values: np.ndarray, vectors: np.ndarray, residuals: np.ndarray,
+                      mass: Operator, rel_tol: float = 1e-8) -> Pairs:
     """Drop a pair found twice (equal value and parallel in the M~-inner product)."""
     keep = np.ones(values.size, dtype=bool)
     if values.size < 2:
-        return values, vectors, residuals
+        return Pairs(values, vectors, residuals)
     m_vectors = mass @ vectors
     scale = max(np.max(np.abs(values)), 1e-300)
     for i in range(1, values.size):
@@ -186,15 +231,16 @@ def _merge_duplicates(values, vectors, residuals, mass, rel_tol: float = 1e-8):
             if keep[j] and abs(vectors[:, j] @ m_vectors[:, i]) > 0.5:
                 keep[i] = False
                 break
-    return values[keep], vectors[:, keep], residuals[keep]
+    return Pairs(values[keep], vectors[:, keep], residuals[keep])
 
 
-def is_explicit(op) -> bool:
+def is_explicit(op: Operator | None) -> bool:
     """A sparse matrix or a dense array (factorisable), not a LinearOperator."""
     return op is None or sp.issparse(op) or isinstance(op, np.ndarray)
 
 
-def inertia_counter(A, M, config: SolverConfig) -> InertiaCounter | None:
+def inertia_counter(A: Operator, M: Operator | None,
+                    config: SolverConfig) -> InertiaCounter | None:
     """The `InertiaCounter` that config.count_check asks for, or None (count by DOS).
 
     Raises:
@@ -213,12 +259,13 @@ def inertia_counter(A, M, config: SolverConfig) -> InertiaCounter | None:
     return None
 
 
-def _here(decide: Callable):
+def _here(decide: Callable[[], _Shared]) -> _Shared:
     return decide()
 
 
-def _serial_counts(counter: InertiaCounter, scale: float):
-    def counts(points, outward, steps) -> list[InertiaCount | None]:
+def _serial_counts(counter: InertiaCounter, scale: float) -> CountFunction:
+    def counts(points: Iterable[float], outward: Iterable[float],
+               steps: tuple[float, ...]) -> list[InertiaCount | None]:
         return [counter.count_below(float(p), scale=scale, outward=o, steps=steps)
                 for p, o in zip(points, outward)]
 
@@ -235,7 +282,8 @@ def slice_capacity(config: SolverConfig, n: int) -> int:
 
 
 def plan_slices(pencil: ScaledPencil, config: SolverConfig, slices: int, dos_degree: int,
-                dos_vectors: int, *, counts=None, share: Callable = _here) -> SlicePlan:
+                dos_vectors: int, *, counts: CountFunction | None = None,
+                share: Callable[[Callable[[], Any]], Any] = _here) -> SlicePlan:
     """Slice [a, b] into at least ``slices`` pieces with their expected counts.
 
     Args:
@@ -255,11 +303,14 @@ def plan_slices(pencil: ScaledPencil, config: SolverConfig, slices: int, dos_deg
     covers = (a - center) / half_width <= -1.0 + END_TOL and (b - center) / half_width >= (
         1.0 - END_TOL)
     ends = counts([a, b], [-1.0, 1.0], END_STEPS) if counts is not None else [None, None]
-    exact = ends[0] is not None and ends[1] is not None
+    # the exact number of eigenvalues in [a, b] when both ends were counted by inertia
+    exact_total = (ends[1].below - ends[0].below
+                   if ends[0] is not None and ends[1] is not None else None)
+    exact = exact_total is not None
     capacity = slice_capacity(config, pencil.space.size)
-    dos = None
-    need_dos = meets and (not exact or slices > 1 or covers
-                          or ends[1].below - ends[0].below > capacity)
+    dos: DensityOfStates | None = None
+    need_dos = meets and (exact_total is None or slices > 1 or covers
+                          or exact_total > capacity)
     if need_dos:
         dos = kpm_dos(pencil, degree=dos_degree, num_vectors=dos_vectors, seed=config.seed)
     lo_clip, hi_clip = max(a, lmin), min(b, lmax)
@@ -267,17 +318,24 @@ def plan_slices(pencil: ScaledPencil, config: SolverConfig, slices: int, dos_deg
     def decide() -> np.ndarray:
         if not meets:
             return np.linspace(a, b, slices + 1)
-        total = ends[1].below - ends[0].below if exact else dos.count(lo_clip, hi_clip)
+        # need_dos held unless the count is exact and one slice takes it all
+        if exact_total is None:
+            assert dos is not None
+            total = dos.count(lo_clip, hi_clip)
+        else:
+            total = exact_total
         num = max(slices, math.ceil(total / capacity), 2 if covers else 1)
         if num == 1:
             return np.array([a, b])
+        assert dos is not None
         bounds = slice_spectrum(dos, lo_clip, hi_clip, num)
         bounds[0], bounds[-1] = a, b
         return bounds
 
     bounds = np.asarray(share(decide), dtype=float)
     num = bounds.size - 1
-    inner = counts(bounds[1:-1], [-1.0] * (num - 1), INNER_STEPS) if exact and num > 1 else []
+    inner = (counts(bounds[1:-1], [-1.0] * (num - 1), INNER_STEPS)
+             if counts is not None and exact and num > 1 else [])
     found = [ends[0], *inner, ends[1]] if exact else [None] * (num + 1)
     points = np.array([np.nan if c is None else c.sigma for c in found])
     below = np.array([-1 if c is None else c.below for c in found])
@@ -324,22 +382,21 @@ def _count_status(plan: SlicePlan, i: int, values: np.ndarray, reported: int) ->
     return "over" if reported > expected + tolerance else "ok"
 
 
-def _skipped_slice(plan: SlicePlan, i: int, n: int, message: str = ""):
+def _skipped_slice(plan: SlicePlan, i: int, n: int, message: str = "") -> SlicePairs:
     lo, hi = float(plan.bounds[i]), float(plan.bounds[i + 1])
     info = SliceInfo(a=lo, b=hi, degree=0, bar=float("nan"), filter_kind="none", num_steps=0,
                      num_found=0, num_candidates=0, num_rejected=0, converged=not message,
                      expected=float(plan.expected[i]), tolerance=float(plan.tolerance[i]),
                      count_method=plan.methods[i], complete=not message, message=message)
-    return np.zeros(0), np.zeros((n, 0)), np.zeros(0), info
+    return SlicePairs(np.zeros(0), np.zeros((n, 0)), np.zeros(0), info)
 
 
 def _solve_slice(pencil: ScaledPencil, config: SolverConfig, plan: SlicePlan, i: int,
-                 progress=None):
+                 progress: Callable[[str], None] | None = None) -> SlicePairs:
     """One filter and Lanczos runs (the first, then deflated restarts) for slice i.
 
     Returns:
-        (values, vectors, residuals, info): the pairs slice i reports (its [a, b), the last
-        slice's closed), vectors of the scaled pencil on this process's rows.
+        the pairs slice i reports (its [a, b), the last slice's closed).
     """
     slices = plan.num_slices
     lo, hi = float(plan.bounds[i]), float(plan.bounds[i + 1])
@@ -362,13 +419,14 @@ def _solve_slice(pencil: ScaledPencil, config: SolverConfig, plan: SlicePlan, i:
     locked_v, locked_z, locked_values = np.zeros((n, 0)), np.zeros((n, 0)), np.zeros(0)
     restarts = steps = candidates = rejected = 0
     while True:
-        report = None if progress is None else (
+        report: Callable[[int], None] | None = None if progress is None else (
             lambda step, r=restarts: progress(
                 f"slice {i + 1}/{slices}, filter degree {poly.degree}"
                 + (f", restart {r}" if r else "") + f", Lanczos step {step}"))
         # the first run starts from config.seed, as pEVSL does; restarts from fresh vectors
         seed = config.seed if restarts == 0 else config.seed + 1_000_003 * restarts + 7919 * i
-        run = filtered_lanczos(pencil, poly, config, accept_interval=(*window, True),
+        run = filtered_lanczos(pencil, poly, config,
+                               accept_interval=AcceptInterval(*window, True),
                                progress=report, seed=seed,
                                locked=(locked_v, locked_z) if locked_values.size else None)
         steps += run.num_steps
@@ -417,7 +475,7 @@ def _solve_slice(pencil: ScaledPencil, config: SolverConfig, plan: SlicePlan, i:
                      num_rejected=rejected, converged=run.converged, expected=expected,
                      tolerance=float(plan.tolerance[i]), count_method=method,
                      restarts=restarts, complete=complete, message=message)
-    return values[keep], vectors[:, keep], residuals[keep], info
+    return SlicePairs(values[keep], vectors[:, keep], residuals[keep], info)
 
 
 def _inside(values: np.ndarray, lo: float, hi: float, closed: bool) -> np.ndarray:
@@ -448,26 +506,22 @@ def _incomplete_message(plan: SlicePlan, i: int, found: int, status: str, restar
             + ("" if converged else "; the last Lanczos run hit max_lanczos_steps"))
 
 
-def _solve_slices(pencil: ScaledPencil, config: SolverConfig, plan: SlicePlan, chosen,
-                  progress=None):
-    """`_solve_slice` for each slice index in `chosen`.
-
-    Returns:
-        (values, vectors, residuals, infos): the pairs of all chosen slices concatenated in
-        slice order (not sorted, not merged); vectors are of the scaled pencil, this
-        process's rows.
-    """
-    values, vectors, residuals, infos = [np.zeros(0)], [np.zeros((pencil.n, 0))], [
-        np.zeros(0)], []
+def _solve_slices(pencil: ScaledPencil, config: SolverConfig, plan: SlicePlan,
+                  chosen: Iterable[int],
+                  progress: Callable[[str], None] | None = None) -> SlicesPairs:
+    """`_solve_slice` for each slice index in `chosen`, in that order."""
+    values, vectors, residuals = [np.zeros(0)], [np.zeros((pencil.n, 0))], [np.zeros(0)]
+    infos: list[SliceInfo] = []
     for i in chosen:
         if not 0 <= i < plan.num_slices:
             raise ValueError(f"slice index {i} is outside 0..{plan.num_slices - 1}")
         found = _solve_slice(pencil, config, plan, i, progress)
-        values.append(found[0])
-        vectors.append(found[1])
-        residuals.append(found[2])
-        infos.append(found[3])
-    return (np.concatenate(values), np.concatenate(vectors, axis=1), np.concatenate(residuals),
+        values.append(found.values)
+        vectors.append(found.vectors)
+        residuals.append(found.residuals)
+        infos.append(found.info)
+    return SlicesPairs(np.concatenate(values), np.concatenate(vectors, axis=1),
+                       np.concatenate(residuals),
             infos)
 
 
@@ -490,7 +544,8 @@ def finish_result(result: EigenResult, plan: SlicePlan, config: SolverConfig) ->
     return result
 
 
-def prepare_pencil(A, M, config: SolverConfig) -> InertiaCounter | None:
+def prepare_pencil(A: Operator, M: Operator | None,
+                   config: SolverConfig) -> InertiaCounter | None:
     """Check the pencil (`check_pencil`, and M's definiteness by LDL^T where the inertia is
     used) and return the inertia counter config asks for."""
     check_pencil(A, M, mass=config.mass)
@@ -501,8 +556,8 @@ def prepare_pencil(A, M, config: SolverConfig) -> InertiaCounter | None:
 
 
 def eigsh_interval(
-    A,
-    M,
+    A: Operator,
+    M: Operator | None,
     a: float,
     b: float,
     *,
@@ -510,8 +565,8 @@ def eigsh_interval(
     slices: int = 1,
     dos_degree: int = 100,
     dos_vectors: int = 30,
-    slice_indices=None,
-    progress=None,
+    slice_indices: Iterable[int] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> EigenResult:
     """All eigenpairs of A x = lambda M x with lambda in [a, b], or an error saying it could
     not find them all.
@@ -566,18 +621,15 @@ def eigsh_interval(
     return finish_result(result, plan, config)
 
 
-def estimate_dos(A, M, *, config: SolverConfig, degree: int = 100, num_vectors: int = 30):
-    """KPM density of states of the pencil (A, M) after Jacobi scaling and mass setup.
-
-    Returns:
-        (DensityOfStates, Counters).
-    """
+def estimate_dos(A: Operator, M: Operator | None, *, config: SolverConfig, degree: int = 100,
+                 num_vectors: int = 30) -> DosEstimate:
+    """KPM density of states of the pencil (A, M) after Jacobi scaling and mass setup."""
     pencil = scale_pencil(A, M, config)
     dos = kpm_dos(pencil, degree=degree, num_vectors=num_vectors, seed=config.seed)
-    return dos, pencil.counters
+    return DosEstimate(dos, pencil.counters)
 
 
-def _read_matrix(path, name: str) -> sp.csr_matrix:
+def _read_matrix(path: str | os.PathLike[str], name: str) -> sp.csr_matrix:
     try:
         matrix = scipy.io.mmread(path)
     except OSError as exc:
@@ -590,7 +642,8 @@ def _read_matrix(path, name: str) -> sp.csr_matrix:
     return sp.csr_matrix(matrix)
 
 
-def load_pencil(a_path, m_path=None):
+def load_pencil(a_path: str | os.PathLike[str],
+                m_path: str | os.PathLike[str] | None = None) -> tuple[Any, Any | None]:
     """Read A (and M) from Matrix Market files as CSR matrices; M is None when not given.
 
     Raises:

@@ -3,69 +3,66 @@
 Ma, Wang, Feng, Zhang, Xie, He, Chen, Zhai, "Efficiently Emulating High-Bitwidth Computation
 with Low-Bitwidth Hardware", ICS '22; design note `emulated_types.md` section 6. The narrow
 formats and their exact rounding are in `formats`, the accelerator model that offers only
-native operations (and counts them) in `dsa`. Names are exported lazily so that importing
-the package does not import numpy-heavy submodules that a caller does not use.
+native operations (and counts them) in `dsa`, the emulated types in `types`, the type
+selector in `selector`, matmuls inside torch code in `torch_mode`, the applications in
+`apps`, GEMM operands in `operands` and the configs in `config`.
+
+The public names are plain imports. Importing the package costs numpy, scipy (`apps`) and
+torch (`torch_mode`, and `types` through `furnace.runtime.presets`); every entry point of
+the package (its CLI, its experiments) loads them anyway, and no rank worker imports it.
 """
 
 from __future__ import annotations
 
-import importlib
+from .apps import APPS, Application, get_app, hpl_scaled_residual
+from .config import AppConfig, GemmConfig, SelectConfig, TypesConfig
+from .dsa import (
+    DSA,
+    DSACounters,
+    Int32OverflowError,
+    NotNativeError,
+    OpTally,
+    modelled_seconds,
+)
+from .formats import (
+    BF16,
+    FORMATS,
+    FP8_E4M3,
+    FP8_E4M3_NAN,
+    FP8_E5M2,
+    FP8_E5M2_SAT,
+    FP16,
+    FP32,
+    TF32,
+    FloatFormat,
+    check_int8,
+    check_int32,
+    get_format,
+    is_representable,
+    round_to,
+)
+from .operands import DISTRIBUTIONS, make_operands
+from .selector import Choice, NoTypeMeetsRequirement, PerTileType, select_type, type_matmul
+from .torch_mode import EmulatedGemmError, EmulatedMatmulMode, emulated_matmul, gemm_from_type
+from .types import (
+    TYPES,
+    EmulatedType,
+    RangeError,
+    bound_metric,
+    get_type,
+    ieee_nonfinite_products,
+    ozaki1,
+    ozaki2,
+)
 
-_EXPORTS = {
-    "select_type": "selector",
-    "Choice": "selector",
-    "NoTypeMeetsRequirement": "selector",
-    "PerTileType": "selector",
-    "type_matmul": "selector",
-    "FloatFormat": "formats",
-    "FORMATS": "formats",
-    "FP16": "formats",
-    "BF16": "formats",
-    "TF32": "formats",
-    "FP32": "formats",
-    "FP8_E4M3": "formats",
-    "FP8_E4M3_NAN": "formats",
-    "FP8_E5M2": "formats",
-    "FP8_E5M2_SAT": "formats",
-    "get_format": "formats",
-    "round_to": "formats",
-    "is_representable": "formats",
-    "check_int8": "formats",
-    "check_int32": "formats",
-    "DSA": "dsa",
-    "DSACounters": "dsa",
-    "OpTally": "dsa",
-    "NotNativeError": "dsa",
-    "Int32OverflowError": "dsa",
-    "modelled_seconds": "dsa",
-    "EmulatedType": "types",
-    "RangeError": "types",
-    "TYPES": "types",
-    "get_type": "types",
-    "ozaki1": "types",
-    "ozaki2": "types",
-    "bound_metric": "types",
-    "ieee_nonfinite_products": "types",
-    "EmulatedMatmulMode": "torch_mode",
-    "EmulatedGemmError": "torch_mode",
-    "emulated_matmul": "torch_mode",
-    "gemm_from_type": "torch_mode",
-    "Application": "apps",
-    "APPS": "apps",
-    "get_app": "apps",
-    "hpl_scaled_residual": "apps",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    try:
-        module = _EXPORTS[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__ = [
+    "APPS", "BF16", "DISTRIBUTIONS", "DSA", "FORMATS", "FP16", "FP32", "FP8_E4M3",
+    "FP8_E4M3_NAN", "FP8_E5M2", "FP8_E5M2_SAT", "TF32", "TYPES", "AppConfig", "Application",
+    "Choice", "DSACounters", "EmulatedGemmError", "EmulatedMatmulMode", "EmulatedType",
+    "FloatFormat", "GemmConfig", "Int32OverflowError", "NoTypeMeetsRequirement",
+    "NotNativeError", "OpTally", "PerTileType", "RangeError", "SelectConfig", "TypesConfig",
+    "bound_metric", "check_int8", "check_int32", "emulated_matmul", "gemm_from_type",
+    "get_app", "get_format", "get_type", "hpl_scaled_residual", "ieee_nonfinite_products",
+    "is_representable", "make_operands", "modelled_seconds", "ozaki1", "ozaki2", "round_to",
+    "select_type", "type_matmul",
+]

@@ -21,23 +21,37 @@ import argparse
 import sys
 import time
 
-from furnace.runtime.cliargs import UsageError, float_in, int_in, nonnegative_int
+from furnace.runtime.cliargs import (
+    UsageError,
+    add_config_arguments,
+    config_from_args,
+    int_in,
+    nonnegative_int,
+    positive_float,
+)
 
-DISTRIBUTIONS = ("uniform", "normal", "wide", "cancel")
-# the applications of apps.APPS (a test keeps the two in step); named here so that building
-# the parser does not import scipy
-APP_NAMES = ("cg", "gemm-narrow", "gemm-wide", "kmeans", "lanczos", "lu-ir", "mlp")
-APP_SIZES = ("tiny", "small")
-MAX_GEMM_SIZE = 4096
+from .config import (
+    APP_NAMES,
+    APP_SIZES,
+    DISTRIBUTIONS,
+    MAX_GEMM_SIZE,
+    MAX_K,
+    AppConfig,
+    GemmConfig,
+    SelectConfig,
+    TypesConfig,
+)
+
+# the operands moved to the library (`furnace.emulation.operands`); this module re-exports
+# them for code that imported them from here
+from .operands import make_operands
+
+__all__ = ["APP_NAMES", "APP_SIZES", "DISTRIBUTIONS", "MAX_GEMM_SIZE", "add_parser",
+           "app_name", "make_operands", "type_name"]
+
 # exact reference entries for fp64-class types: random ones and the smallest |C|, where an
 # elementwise relative error is hardest to keep
 _SAMPLED = 256
-
-
-def _profile_names() -> tuple[str, ...]:
-    from furnace.runtime.presets import DSA_PROFILES
-
-    return tuple(DSA_PROFILES)
 
 
 def type_name(text: str) -> str:
@@ -59,42 +73,31 @@ def app_name(text: str) -> str:
 
 
 def add_parser(subparsers) -> None:
-    profiles = _profile_names()
     emu = subparsers.add_parser("emulate", help="Ape: emulated types on a DSA model")
     sub = emu.add_subparsers(dest="emulate_command", metavar="COMMAND")
     emu.set_defaults(func=lambda args: (emu.print_help(), 0)[1])
-    type_help = "emulated type, e.g. FP32-F, OZ2-N14 (`furnace emulate types` lists them)"
+    # the options are the configs' fields; only their range-checked parsers are added here
+    emulated_type = {"type": type_name}
+    application = {"flags": ("name",), "type": app_name}
 
     gemm = sub.add_parser("gemm", help="one emulated GEMM: error, op counts, modelled time")
-    gemm.add_argument("--type", required=True, type=type_name, help=type_help)
-    gemm.add_argument("--size", type=int_in(1, MAX_GEMM_SIZE), default=256,
-                      help=f"m = n = k, in [1, {MAX_GEMM_SIZE}]")
-    gemm.add_argument("--dist", choices=DISTRIBUTIONS, default="uniform",
-                      help="operand distribution (integer analogues for INT16)")
-    gemm.add_argument("--profile", choices=profiles, default="a100", help="DSA profile")
-    gemm.add_argument("--seed", type=nonnegative_int, default=0, help="operand seed")
+    add_config_arguments(gemm, GemmConfig, overrides={
+        "type": emulated_type, "size": {"type": int_in(1, MAX_GEMM_SIZE)},
+        "seed": {"type": nonnegative_int}})
     gemm.set_defaults(func=_gemm)
 
     app = sub.add_parser("app", help="run an application with one emulated type")
-    app.add_argument("name", type=app_name, help=f"application: {', '.join(APP_NAMES)}")
-    app.add_argument("--type", required=True, type=type_name, help=type_help)
-    app.add_argument("--size", default="small", choices=APP_SIZES, help="problem size")
-    app.add_argument("--profile", choices=profiles, default="a100", help="DSA profile")
+    add_config_arguments(app, AppConfig, overrides={"name": application,
+                                                    "type": emulated_type})
     app.set_defaults(func=_app)
 
     select = sub.add_parser("select", help="choose the cheapest type that meets a requirement")
-    select.add_argument("name", type=app_name, help=f"application: {', '.join(APP_NAMES)}")
-    select.add_argument("--requirement", type=float_in(0.0, lo_open=True), default=None,
-                        help="bound on the application's metric (default: its own)")
-    select.add_argument("--size", default="small", choices=APP_SIZES, help="problem size")
-    select.add_argument("--profile", choices=profiles, default="a100", help="DSA profile")
+    add_config_arguments(select, SelectConfig, overrides={
+        "name": application, "requirement": {"type": positive_float}})
     select.set_defaults(func=_select)
 
     types = sub.add_parser("types", help="list the emulated types")
-    types.add_argument("--k", type=int_in(1, 10**6), default=512,
-                       help="inner dimension for the a-priori bounds")
-    types.add_argument("--profile", choices=profiles, default=None,
-                       help="mark the types this profile cannot run")
+    add_config_arguments(types, TypesConfig, overrides={"k": {"type": int_in(1, MAX_K)}})
     types.set_defaults(func=_types)
 
 
@@ -110,49 +113,6 @@ def _require_native(etype, profile) -> None:
         raise UsageError("--type", f"{etype.name} needs a {etype.native} matrix unit, which "
                          f"--profile {profile.name} lacks; {profile.name} runs "
                          f"{', '.join(runs)}, OZ1-S<s>, OZ2-N<N>")
-
-
-def make_operands(dist: str, size: int, dtype, rng):
-    """Test matrices: uniform [-1, 1], standard normal, wide range (exponents 2^-20..2^20,
-    some beyond fp16), or cancelling (a large common offset with small differences).
-
-    An integer ``dtype`` gives integer analogues inside INT16's two-byte range: uniform
-    over it, rounded normal with deviation 4096, magnitudes 2^0..2^15 with random signs,
-    and 16384 plus small integers times small integers of both signs.
-    """
-    import numpy as np
-
-    shape = (size, size)
-    if np.dtype(dtype).kind in "iu":
-        from .splits import INT16C_MAX, INT16C_MIN
-
-        if dist == "uniform":
-            A, B = (rng.integers(INT16C_MIN, INT16C_MAX + 1, shape) for _ in range(2))
-        elif dist == "normal":
-            A, B = (np.rint(rng.standard_normal(shape) * 4096) for _ in range(2))
-        elif dist == "wide":
-            A, B = (rng.choice([-1, 1], shape) * np.floor(2.0 ** rng.uniform(0, 15, shape))
-                    for _ in range(2))
-        elif dist == "cancel":
-            A = 16384 + np.rint(rng.standard_normal(shape) * 64)
-            B = np.rint(rng.standard_normal(shape) * 64) * rng.choice([-1, 1], shape)
-        else:
-            raise ValueError(f"unknown distribution {dist!r}; choose from {DISTRIBUTIONS}")
-        return (np.clip(A, INT16C_MIN, INT16C_MAX).astype(dtype),
-                np.clip(B, INT16C_MIN, INT16C_MAX).astype(dtype))
-    if dist == "uniform":
-        A, B = rng.uniform(-1, 1, shape), rng.uniform(-1, 1, shape)
-    elif dist == "normal":
-        A, B = rng.standard_normal(shape), rng.standard_normal(shape)
-    elif dist == "wide":
-        A = rng.uniform(-1, 1, shape) * 2.0 ** rng.integers(-20, 21, shape)
-        B = rng.uniform(-1, 1, shape) * 2.0 ** rng.integers(-20, 21, shape)
-    elif dist == "cancel":
-        A = 1e3 + rng.standard_normal(shape)
-        B = rng.standard_normal(shape) * np.where(rng.random(shape) < 0.5, 1.0, -1.0)
-    else:
-        raise ValueError(f"unknown distribution {dist!r}; choose from {DISTRIBUTIONS}")
-    return A.astype(dtype), B.astype(dtype)
 
 
 def _accuracy_lines(etype, A, B, C, seed: int) -> list[str]:
@@ -216,16 +176,17 @@ def _gemm(args: argparse.Namespace) -> int:
     from .selector import GemmSite, modelled_gemm_seconds
     from .types import TYPES, get_type
 
-    etype = get_type(args.type)
-    profile = get_dsa_profile(args.profile)
+    cfg = config_from_args(GemmConfig, args)
+    etype = get_type(cfg.type)
+    profile = get_dsa_profile(cfg.profile)
     _require_native(etype, profile)
     dtype = {"fp64": np.float64, "int16": np.int64}.get(etype.family, np.float32)
-    A, B = make_operands(args.dist, args.size, dtype, np.random.default_rng(args.seed))
+    A, B = make_operands(cfg.dist, cfg.size, dtype, np.random.default_rng(cfg.seed))
     problem = etype.range_problem(A, B)
     if problem is not None:
         takes = [name for name, t in TYPES.items() if t.family == etype.family
                  and _native_on(t, profile) and t.fits_range(A, B)]
-        raise UsageError("--dist", f"{etype.name} refuses {args.dist} data ({problem}); "
+        raise UsageError("--dist", f"{etype.name} refuses {cfg.dist} data ({problem}); "
                          f"types of its class that take it on {profile.name}: "
                          f"{', '.join(takes) or 'none'}")
     dsa = DSA(profile)
@@ -238,16 +199,16 @@ def _gemm(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     An @ Bn
     cpu_native = time.perf_counter() - t0
-    print(f"{etype.name} ({etype.description}) on {args.size}^3 {args.dist} data")
-    for line in _accuracy_lines(etype, A, B, C, args.seed):
+    print(f"{etype.name} ({etype.description}) on {cfg.size}^3 {cfg.dist} data")
+    for line in _accuracy_lines(etype, A, B, C, cfg.seed):
         print(line)
     for op, tally in sorted(dsa.counters.ops.items()):
         print(f"  native {op}: {tally.calls} calls, {tally.flops / 1e6:.4g} MFLOP")
-    flops = 2 * args.size**3
+    flops = 2 * cfg.size**3
     which = "fp64" if etype.family == "fp64" else "fp32"
     base = profile.native_gemm_flops.get(which)
     matrix_only = modelled_gemm_seconds(
-        etype, [GemmSite(args.size, args.size, args.size, "", 0.0, 0.0)], profile)
+        etype, [GemmSite(cfg.size, cfg.size, cfg.size, "", 0.0, 0.0)], profile)
     try:
         modelled = dsa.modelled_seconds(profile)
     except ValueError as exc:  # a profile without a vector or bandwidth figure
@@ -279,13 +240,14 @@ def _app(args: argparse.Namespace) -> int:
     from .selector import type_matmul
     from .types import RangeError, get_type
 
-    etype = get_type(args.type)
-    profile = get_dsa_profile(args.profile)
+    cfg = config_from_args(AppConfig, args)
+    etype = get_type(cfg.type)
+    profile = get_dsa_profile(cfg.profile)
     _require_native(etype, profile)
     if etype.family == "int16":
         raise UsageError("--type", f"{etype.name} multiplies integers and the applications "
                          "pass float operands: choose a float type (`furnace emulate types`)")
-    app = get_app(args.name, args.size)
+    app = get_app(cfg.name, cfg.size)
     inputs = app.make_inputs(np.random.default_rng(0))
     dsa = DSA(profile)
     matmul = type_matmul(etype, dsa)
@@ -327,9 +289,10 @@ def _select(args: argparse.Namespace) -> int:
     from .apps import get_app
     from .selector import NoTypeMeetsRequirement, select_type
 
-    app = get_app(args.name, args.size)
+    cfg = config_from_args(SelectConfig, args)
+    app = get_app(cfg.name, cfg.size)
     try:
-        choice = select_type(app, requirement=args.requirement, profile=args.profile)
+        choice = select_type(app, requirement=cfg.requirement, profile=cfg.profile)
     except NoTypeMeetsRequirement as exc:
         print(exc.choice.explain())
         return 1
@@ -342,11 +305,12 @@ def _types(args: argparse.Namespace) -> int:
 
     from .types import TYPES
 
-    profile = get_dsa_profile(args.profile) if args.profile else None
+    cfg = config_from_args(TypesConfig, args)
+    profile = get_dsa_profile(cfg.profile) if cfg.profile else None
     for name, etype in TYPES.items():
         mark = ""
         if profile is not None and not _native_on(etype, profile):
             mark = f"  [not on {profile.name}: no {etype.native} unit]"
         print(f"{name:<10} {etype.family:<6} {etype.native_gemms:>2} x {etype.native:<6} "
-              f"bound(k={args.k}) {etype.error_bound(args.k):.2g}  {etype.description}{mark}")
+              f"bound(k={cfg.k}) {etype.error_bound(cfg.k):.2g}  {etype.description}{mark}")
     return 0

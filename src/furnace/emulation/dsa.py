@@ -38,6 +38,7 @@ from furnace.emulation.formats import (
     _check_int_range,
     is_representable,
 )
+from furnace.runtime.cost import serial_compute_time
 from furnace.runtime.presets import DSAProfile, get_dsa_profile
 
 INT32_MAX = 2**31 - 1
@@ -110,9 +111,10 @@ def modelled_seconds(counters: DSACounters, profile: DSAProfile) -> float:
 
     Additive, not a roofline: compute and memory traffic are assumed not to overlap, which
     overstates time for large GEMMs by at most 2x but charges the split and merge passes of
-    an emulation (bandwidth-bound vector work) their full cost (section 6.9).
+    an emulation (bandwidth-bound vector work) their full cost (section 6.9). The sum is
+    `furnace.runtime.cost.serial_compute_time`; this function only looks up the rates.
     """
-    seconds = 0.0
+    work: list[tuple[float, float]] = []
     for unit, flops in counters.flops_by_unit.items():
         if flops == 0:
             continue
@@ -123,12 +125,10 @@ def modelled_seconds(counters: DSACounters, profile: DSAProfile) -> float:
             peak = profile.vector_fp32_flops
         if peak is None:
             raise ValueError(f"profile {profile.name!r} has no peak figure for {unit}")
-        seconds += flops / peak
-    if counters.bytes_moved:
-        if profile.memory_bandwidth_Bps is None:
-            raise ValueError(f"profile {profile.name!r} has no memory bandwidth figure")
-        seconds += counters.bytes_moved / profile.memory_bandwidth_Bps
-    return seconds
+        work.append((flops, peak))
+    if counters.bytes_moved and profile.memory_bandwidth_Bps is None:
+        raise ValueError(f"profile {profile.name!r} has no memory bandwidth figure")
+    return serial_compute_time(work, counters.bytes_moved, profile.memory_bandwidth_Bps)
 
 
 def _fp32_operand(x, op: str):

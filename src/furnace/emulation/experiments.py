@@ -18,11 +18,10 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from furnace.runtime.reproduce import Claim, Experiment, Result, RunContext, Table
+from furnace.runtime.timing import time_call
 
 APE = "Ma et al., ICS '22 (abstract; github.com/JohndeVostok/APE README)"
 LADDER_TYPES = ("BF16", "TF32", "FP16", "BF16x2", "FP32-F", "FP32-T", "FP32-B", "FP32-B9",
@@ -51,8 +50,8 @@ def _error(C, ref, family: str) -> float:
 
 
 def ladder(ctx: RunContext) -> Result:
-    from .cli import DISTRIBUTIONS, make_operands
     from .dsa import DSA
+    from .operands import DISTRIBUTIONS, make_operands
     from .types import get_type
 
     n = 128 if ctx.quick else 512
@@ -246,12 +245,7 @@ def cpu_time(ctx: RunContext) -> Result:
     A32, B32 = A64.astype(np.float32), B64.astype(np.float32)
 
     def timed(fn, repeats=3):
-        best_s = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            best_s = min(best_s, time.perf_counter() - t0)
-        return best_s
+        return time_call(fn, repeats=repeats, warmup=0).min
 
     sgemm = timed(lambda: A32 @ B32)
     dgemm = timed(lambda: A64 @ B64)

@@ -18,11 +18,12 @@ Time is kept in one of two ways, and labelled so:
   launched with ``torchrun`` (``torchrun --nproc-per-node 8 -m furnace.cli moe bench
   --mode measured``).
 
-The policies run round-robin in one launch: each round runs one step of every policy,
-in an order that rotates from round to round, so a job that starts on the host's cores
-mid-run slows all of them alike. A policy's step time is the median over the rounds and
-a speedup the median of the rounds' paired ratios. In emulated mode this host's compute
-speed is probed after every round as well (`_HostProbe`), for the simulator's validation.
+The policies run round-robin in one launch (`furnace.runtime.timing.round_robin`): each
+round runs one step of every policy, in an order that rotates from round to round, so a
+job that starts on the host's cores mid-run slows all of them alike. A policy's step time
+is the median over the rounds and a speedup the median of the rounds' paired ratios. In
+emulated mode this host's compute speed is probed after every round as well
+(`_HostProbe`), for the simulator's validation.
 
 Every run reports per-rank bytes and messages (from the `CommLog`), tokens computed,
 max/mean load, shadowed experts and the group size the performance model chose.
@@ -33,7 +34,6 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import time
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -44,6 +44,7 @@ from furnace.runtime.comm import Communicator
 from furnace.runtime.launch import init_from_env, is_torchrun, run_distributed
 from furnace.runtime.netem import NetworkEmulation, NetworkEmulator
 from furnace.runtime.presets import v100_50gbps
+from furnace.runtime.timing import median_paired_ratio, round_robin, stopwatch, time_call
 from furnace.runtime.topology import Device, Topology, balance_matched
 
 from .config import ExpertParallelConfig
@@ -116,21 +117,32 @@ class BenchConfig:
         BenchConfigError: a field is out of range (a ValueError that names the field).
     """
 
-    world_size: int = 4
-    experts_per_rank: int = 1
-    d_model: int = 256
-    d_hidden: int = 1024
-    tokens_per_rank: int = 2048
-    top_k: int = 1
-    routing: str = "hot"
-    hot_share: float = 0.5
-    zipf_exponent: float = 1.2
-    mode: str = "emulated"
-    steps: int = 3
-    warmup: int = 2
-    policies: tuple[str, ...] = ("baseline", "shadow", "smart", "both")
-    seed: int = 0
-    group_size: int | None = None
+    # metadata["help"]: the help of the field's `furnace moe bench` option
+    world_size: int = field(default=4, metadata={"help": "ranks W (experts are spread over "
+                                                         "them)"})
+    experts_per_rank: int = field(default=1, metadata={"help": "experts E on each rank"})
+    d_model: int = field(default=256, metadata={"help": "token width H"})
+    d_hidden: int = field(default=1024, metadata={"help": "expert hidden width F"})
+    tokens_per_rank: int = field(default=2048, metadata={"help": "tokens per rank"})
+    top_k: int = field(default=1, metadata={
+        "help": "experts per token, at most the experts in all (ranks x experts per rank)"})
+    routing: str = field(default="hot", metadata={
+        "help": "synthetic routing skew of the first choices", "choices": ROUTINGS})
+    hot_share: float = field(default=0.5, metadata={
+        "help": "share of first choices on expert 0 (routing hot)"})
+    zipf_exponent: float = field(default=1.2, metadata={"help": "skew of routing zipf"})
+    mode: str = field(default="emulated", metadata={
+        "help": "emulated: wall clock on a sleeping link balance-matched to V100 + 50 Gb/s; "
+        "virtual: deterministic clock of that testbed; measured: no emulation (use under "
+        "torchrun on GPUs)", "choices": MODES})
+    steps: int = field(default=3, metadata={"help": "timed steps per policy"})
+    warmup: int = field(default=2, metadata={"help": "untimed steps per policy"})
+    policies: tuple[str, ...] = field(default=("baseline", "shadow", "smart", "both"), metadata={
+        "help": f"policies to run: {', '.join(POLICIES)}", "choices": tuple(POLICIES)})
+    seed: int = field(default=0, metadata={"help": "seed of the weights and synthetic gate"})
+    group_size: int | None = field(default=None, metadata={
+        "help": "force the smart schedule's G, a divisor of the ranks (default: the model "
+        "chooses)"})
     trace_probabilities: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
@@ -236,8 +248,8 @@ class BenchResult:
         change in how busy the host is cancels out of it, and the median drops a round that
         was disturbed anyway.
         """
-        a, b = self.results[over].step_times, self.results[policy].step_times
-        return float(statistics.median(x / y for x, y in zip(a, b)))
+        return median_paired_ratio(self.results[over].step_times,
+                                   self.results[policy].step_times)
 
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "label": self.label, "topology": self.topology,
@@ -290,12 +302,8 @@ class _HostProbe:
         self.layer(self.x).sum().backward()
 
     def _timed(self, step, reps: int, warm: bool = True) -> float:
-        if warm:
-            step()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            step()
-        return (time.perf_counter() - t0) / reps
+        # one sample of reps back-to-back steps: the probe's rate, not a best-of
+        return time_call(step, repeats=1, warmup=int(warm), number=reps).min
 
     def together(self, reps: int = 1, warm: bool = False) -> float:
         """Seconds of one expert fwd+bwd with every rank running it at once (slowest rank).
@@ -332,13 +340,9 @@ def _measure_step_overhead(topology: Topology, reps: int = 10) -> float:
     comm = Communicator(network=NetworkEmulator(NetworkEmulation(topology=topology)),
                         name="calibration")
     x = torch.zeros(comm.world_size, 1)
-    times = []
-    for _ in range(reps):
-        comm.barrier()
-        t0 = time.perf_counter()
-        comm.all_to_all_single(x)
-        times.append(time.perf_counter() - t0)
-    elapsed = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    timing = time_call(lambda: comm.all_to_all_single(x), repeats=reps, warmup=0,
+                       setup=comm.barrier)
+    elapsed = torch.tensor([timing.median], dtype=torch.float64)
     return max(0.0, float(comm.all_reduce(elapsed, "max")) - topology.inter_node.latency_s)
 
 
@@ -387,22 +391,21 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
         grad = torch.randn(cfg.tokens_per_rank, cfg.d_model, device=device)
         runs[policy] = {"layer": layer, "comm": comm, "network": network, "x": x,
                         "grad": grad, "times": [], "cpu": [], "per_step": []}
-    # round-robin: each round runs one step of every policy, so a change in how busy the
-    # host is (another job starting) reaches all policies alike, and the probe after the
-    # round measures the compute speed the round ran at
-    for step in range(cfg.warmup + cfg.steps):
-        # the order rotates from round to round, so no policy always runs first or after
-        # the same other one
-        k = step % len(cfg.policies)
-        for policy in cfg.policies[k:] + cfg.policies[:k]:
-            run = runs[policy]
-            elapsed, cpu_s, traffic = _one_step(run, device, netem_mode)
-            if step >= cfg.warmup:
-                run["times"].append(elapsed)
-                run["cpu"].append(cpu_s)
-                run["per_step"].append(traffic)
-        if probe is not None and step >= cfg.warmup:
+    def probe_after(round_index: int) -> None:
+        if probe is not None:
             out["round_flops_single_thread"].append(single * probe_start / probe.together())
+
+    # round-robin, in an order that rotates from round to round: each round runs one step
+    # of every policy, so a change in how busy the host is (another job starting) reaches
+    # all policies alike, and the probe after the round measures the compute speed the
+    # round ran at
+    steps = round_robin(cfg.policies, lambda policy: _one_step(runs[policy], device, netem_mode),
+                        rounds=cfg.steps, warmup=cfg.warmup, after_round=probe_after)
+    for policy, run in runs.items():
+        for elapsed, cpu_s, traffic in steps[policy]:
+            run["times"].append(elapsed)
+            run["cpu"].append(cpu_s)
+            run["per_step"].append(traffic)
     for policy, run in runs.items():
         stats = run["layer"].parallel.stats
         per_step = run["per_step"]
@@ -421,14 +424,12 @@ def _one_step(run: dict, device: torch.device, netem_mode: str | None):
     """One timed fwd+bwd of a policy's layer: (seconds, CPU seconds, (bytes out, in, msgs))."""
     layer, comm, network, x = run["layer"], run["comm"], run["network"], run["x"]
     comm.barrier()
-    _sync(device)
     before = len(comm.log)
-    t0, c0 = time.perf_counter(), time.process_time()
-    v0 = network.now() if network is not None else 0.0
-    layer(x).backward(run["grad"])
-    _sync(device)
-    elapsed = (network.now() - v0) if netem_mode == "virtual" else (time.perf_counter() - t0)
-    cpu_s = time.process_time() - c0
+    with stopwatch(synchronize=lambda: _sync(device)) as lap:
+        v0 = network.now() if network is not None else 0.0
+        layer(x).backward(run["grad"])
+    elapsed = (network.now() - v0) if netem_mode == "virtual" else lap.seconds
+    cpu_s = lap.cpu_seconds
     layer.zero_grad(set_to_none=True)
     x.grad = None
     recs = comm.log.records[before:]

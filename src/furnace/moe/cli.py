@@ -1,7 +1,8 @@
 """`furnace moe`: the FasterMoE benchmark and simulator from the command line (He et al.,
 PPoPP'22, sections 4-5: the techniques side by side, and the step simulator).
 
-    furnace moe bench [--mode emulated|virtual|measured] [--world-size 4] [--routing hot] ...
+    furnace moe bench [--mode emulated|virtual|measured] [--world-size 4] [--routing hot]
+        [--tokens-per-rank 2048] ...
     furnace moe simulate --gpus 256 [--routing zipf --zipf-exponent 1.0] [--trace t.json]
 
 Every argument is checked before a rank is spawned or a step simulated (the contract of
@@ -11,6 +12,7 @@ Every argument is checked before a rank is spawned or a step simulated (the cont
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import os
@@ -18,6 +20,8 @@ import os
 from furnace.runtime.atomic import atomic_write_text
 from furnace.runtime.cliargs import (
     UsageError,
+    add_config_arguments,
+    config_from_args,
     float_in,
     int_in,
     output_file,
@@ -25,21 +29,22 @@ from furnace.runtime.cliargs import (
     positive_int,
 )
 
-from .bench import MAX_ZIPF_EXPONENT, POLICIES, BenchConfigError
+from .bench import MAX_ZIPF_EXPONENT, BenchConfig, BenchConfigError
 
 # the simulator's task graph and the W x W counts grow with the square of the GPUs
 MAX_SIMULATED_GPUS = 1024
 # spawning more local gloo ranks than this is a typo, not a benchmark
 MAX_LOCAL_RANKS = 64
 
-# BenchConfig field -> the flag that sets it, so a config error names what the user typed
-BENCH_FLAGS = {
-    "world_size": "--world-size", "experts_per_rank": "--experts-per-rank",
-    "d_model": "--d-model", "d_hidden": "--d-hidden", "tokens_per_rank": "--tokens",
-    "top_k": "--top-k", "routing": "--routing", "hot_share": "--hot-share",
-    "zipf_exponent": "--zipf-exponent", "mode": "--mode", "steps": "--steps",
-    "policies": "--policies", "group_size": "--group-size",
-}
+# the BenchConfig fields `moe bench` sets, in the order of its --help; the options are
+# declared from the fields (flag = field name), so a config error names the flag
+BENCH_FIELDS = ("mode", "world_size", "experts_per_rank", "routing", "hot_share",
+                "zipf_exponent", "tokens_per_rank", "d_model", "d_hidden", "top_k", "steps",
+                "group_size", "policies")
+# BenchConfig field -> the flag that sets it
+BENCH_FLAGS = {name: "--" + name.replace("_", "-") for name in BENCH_FIELDS}
+# routing "trace" needs per-expert shares, which the command line does not take
+CLI_ROUTINGS = ("hot", "zipf", "uniform")
 
 share = float_in(0.0, 1.0)
 zipf_exponent = float_in(0.0, MAX_ZIPF_EXPONENT)
@@ -67,35 +72,25 @@ def add_parser(subparsers) -> None:
 
     bench = sub.add_parser("bench", help="baseline vs shadowing vs smart schedule, side by "
                            "side on local gloo ranks")
-    bench.add_argument("--mode", choices=("emulated", "virtual", "measured"),
-                       default="emulated",
-                       help="emulated: wall clock on a sleeping link balance-matched to "
-                       "V100 + 50 Gb/s; virtual: deterministic clock of that testbed; "
-                       "measured: no emulation (use under torchrun on GPUs)")
-    bench.add_argument("--world-size", type=int_in(1, MAX_LOCAL_RANKS), default=None,
-                       help="local gloo ranks to spawn (default: 4); under torchrun the "
-                       "launched ranks, and if given it must match them")
-    bench.add_argument("--experts-per-rank", type=positive_int, default=1,
-                       help="experts E on each rank")
-    bench.add_argument("--routing", choices=("hot", "zipf", "uniform"), default="hot",
-                       help="synthetic routing skew of the first choices")
-    bench.add_argument("--hot-share", type=share, default=0.5,
-                       help="share of first choices on expert 0 (--routing hot)")
-    bench.add_argument("--zipf-exponent", type=zipf_exponent, default=1.2,
-                       help="skew of --routing zipf")
-    bench.add_argument("--tokens", type=positive_int, default=2048, help="tokens per rank")
-    bench.add_argument("--d-model", type=positive_int, default=256, help="token width H")
-    bench.add_argument("--d-hidden", type=positive_int, default=1024,
-                       help="expert hidden width F")
-    bench.add_argument("--top-k", type=positive_int, default=1,
-                       help="experts per token, at most --world-size x --experts-per-rank")
-    bench.add_argument("--steps", type=positive_int, default=3, help="timed steps per policy")
-    bench.add_argument("--group-size", type=positive_int, default=None,
-                       help="force the smart schedule's G, a divisor of the ranks "
-                       "(default: the model chooses)")
-    bench.add_argument("--policies", nargs="+", choices=tuple(POLICIES),
-                       default=list(POLICIES), metavar="POLICY",
-                       help=f"policies to run: {', '.join(POLICIES)}")
+    default_ranks = {f.name: f.default for f in dataclasses.fields(BenchConfig)}["world_size"]
+    add_config_arguments(bench, BenchConfig, BENCH_FIELDS, overrides={
+        "world_size": {"type": int_in(1, MAX_LOCAL_RANKS), "default": None,
+                       "help": f"local gloo ranks to spawn (default: {default_ranks}); under "
+                       "torchrun the launched ranks, and if given it must match them"},
+        "experts_per_rank": {"type": positive_int},
+        "routing": {"choices": CLI_ROUTINGS},
+        "hot_share": {"type": share},
+        "zipf_exponent": {"type": zipf_exponent},
+        # --tokens: the short spelling, which `moe simulate` shares
+        "tokens_per_rank": {"flags": ("--tokens-per-rank", "--tokens"), "type": positive_int,
+                            "metavar": "TOKENS"},
+        "d_model": {"type": positive_int},
+        "d_hidden": {"type": positive_int},
+        "top_k": {"type": positive_int},
+        "steps": {"type": positive_int},
+        "group_size": {"type": positive_int},
+        "policies": {"metavar": "POLICY"},
+    })
     bench.add_argument("--json", type=output_file, help="also write the full result here")
     bench.set_defaults(func=_bench)
 
@@ -134,9 +129,8 @@ def bench_config(args: argparse.Namespace):
     """
     from furnace.runtime.launch import is_torchrun
 
-    from .bench import BenchConfig
-
-    world_size = 4 if args.world_size is None else args.world_size
+    world_size = (BenchConfig().world_size if args.world_size is None
+                  else args.world_size)
     if is_torchrun():
         launched = int(os.environ["WORLD_SIZE"])
         if args.world_size is not None and args.world_size != launched:
@@ -144,13 +138,7 @@ def bench_config(args: argparse.Namespace):
                              f"got {args.world_size}")
         world_size = launched
     try:
-        return BenchConfig(world_size=world_size, experts_per_rank=args.experts_per_rank,
-                           d_model=args.d_model, d_hidden=args.d_hidden,
-                           tokens_per_rank=args.tokens, top_k=args.top_k,
-                           routing=args.routing, hot_share=args.hot_share,
-                           zipf_exponent=args.zipf_exponent, mode=args.mode,
-                           steps=args.steps, policies=tuple(args.policies),
-                           group_size=args.group_size)
+        return config_from_args(BenchConfig, args, world_size=world_size)
     except BenchConfigError as exc:
         raise UsageError(BENCH_FLAGS.get(exc.field, exc.field), exc.allowed) from None
 
@@ -191,7 +179,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from furnace.runtime.presets import get_preset
+    from furnace.runtime.presets import GPU_EXCHANGE_STEP_OVERHEAD_S, get_preset
 
     from .perfmodel import MoEPerfModel
     from .simulate import choose_policy, simulate_policies, simulate_step, synthetic_counts
@@ -213,7 +201,7 @@ def _simulate(args: argparse.Namespace) -> int:
         # the 20 us per exchange step is an assumed NCCL-scale cost (README, deviations)
         perf = MoEPerfModel.from_topology(topology, d_model=args.d_model,
                                           d_hidden=args.d_hidden, world_size=W,
-                                          step_overhead_s=20e-6)
+                                          step_overhead_s=GPU_EXCHANGE_STEP_OVERHEAD_S)
         counts = synthetic_counts(W, 1, args.tokens, p)
         sims = simulate_policies(counts, perf, 1, capacity_factor=args.capacity_factor,
                                  tokens_per_rank=args.tokens, max_steps=args.max_steps)

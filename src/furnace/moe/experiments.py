@@ -20,12 +20,12 @@ Experiments (the quick set runs the first six at reduced size):
 
 from __future__ import annotations
 
-import functools
+from typing import cast
 
 import numpy as np
 
 from furnace.runtime.presets import v100_50gbps
-from furnace.runtime.reproduce import Claim, Experiment, Result, RunContext, Table
+from furnace.runtime.reproduce import KINDS, Claim, Experiment, Kind, Result, RunContext, Table
 
 from .bench import BenchConfig, BenchResult, perf_model_of, run_bench, testbed
 from .perfmodel import MoEPerfModel
@@ -36,10 +36,16 @@ PAPER = "He et al., FasterMoE, PPoPP'22"
 POLICY_NAMES = ("baseline", "shadow", "smart", "both")
 
 
-@functools.cache
-def _bench(cfg: BenchConfig) -> BenchResult:
-    # the quick set reuses runs across experiments (benchmark and validation)
-    return run_bench(cfg)
+def _bench(ctx: RunContext, cfg: BenchConfig) -> BenchResult:
+    """``run_bench(cfg)``, once per reproduce run: benchmark and validation share runs."""
+    return ctx.shared(("moe.bench", cfg), lambda: run_bench(cfg))
+
+
+def _kind(res: BenchResult) -> Kind:
+    """How a run's times were obtained ("emulated", "virtual-clock"), as a result kind."""
+    if res.label not in KINDS:
+        raise ValueError(f"a benchmark run labelled {res.label!r} is no result kind")
+    return cast(Kind, res.label)
 
 
 def _base(ctx: RunContext, **kw) -> BenchConfig:
@@ -58,7 +64,7 @@ def _bench_table(res: BenchResult, title: str) -> Table:
     return Table(title=title, columns=["policy", "step ms", "speedup", "max/mean load",
                                        "shadowed", "G", "MiB sent (max rank)",
                                        "messages (max rank)", "CPU ms (measured)"],
-                 rows=rows, kind=res.label,
+                 rows=rows, kind=_kind(res),
                  note=f"Per-rank bytes/messages from the CommLog; {res.config.world_size} "
                  f"ranks, {res.config.tokens_per_rank} tokens/rank, H={res.config.d_model}, "
                  f"F={res.config.d_hidden}; link {res.bandwidth_Bps / 1e6:.3g} MB/s.")
@@ -70,7 +76,7 @@ def bench(ctx: RunContext) -> Result:
     for mode in ("emulated", "virtual"):
         for routing in ("hot", "uniform"):
             ctx.progress(f"{mode} {routing}")
-            res = _bench(_base(ctx, mode=mode, routing=routing))
+            res = _bench(ctx, _base(ctx, mode=mode, routing=routing))
             data[f"{mode}-{routing}"] = res.to_dict()
             label = "hot-expert share 0.5" if routing == "hot" else "uniform routing"
             result.tables.append(_bench_table(res, f"{label}, {res.label} time"))
@@ -84,15 +90,15 @@ def bench(ctx: RunContext) -> Result:
                 result.claims += [
                     Claim(what=f"shadowing over baseline, hot share 0.5 ({res.label})",
                           paper=">= 1.5x (issue target)", ours=f"{res.speedup('shadow'):.2f}x",
-                          kind=res.label, source=PAPER, holds=res.speedup("shadow") >= 1.5),
+                          kind=_kind(res), source=PAPER, holds=res.speedup("shadow") >= 1.5),
                     Claim(what=f"smart schedule over baseline, hot share 0.5 ({res.label})",
                           paper=">= 1.2x (issue target)", ours=f"{res.speedup('smart'):.2f}x",
-                          kind=res.label, source=PAPER, holds=res.speedup("smart") >= 1.2),
+                          kind=_kind(res), source=PAPER, holds=res.speedup("smart") >= 1.2),
                     Claim(what=f"both vs the better one alone ({res.label})",
                           paper="both >= either", ours=f"{res.speedup('both'):.2f}x vs "
                           f"{best_single:.2f}x ({single})"
                           + (f"; same decisions as {single}, step-time spread "
-                             f"{100 * spread:.1f}%" if same else ""), kind=res.label,
+                             f"{100 * spread:.1f}%" if same else ""), kind=_kind(res),
                           holds=res.speedup("both") >= best_single
                           or (same and res.speedup("both") >= best_single * (1 - spread))),
                 ]
@@ -108,7 +114,7 @@ def bench(ctx: RunContext) -> Result:
                     ours=f"shadowed {res.results['shadow'].shadowed or 'none'}, "
                     f"{100 * cost:+.1f}%" + (f"; same decisions as baseline, step-time "
                                              f"spread {100 * spread:.1f}%" if declined else ""),
-                    kind=res.label, holds=declined and (cost <= 0.05 or cost <= spread)))
+                    kind=_kind(res), holds=declined and (cost <= 0.05 or cost <= spread)))
     result.data = data
     result.notes.append(
         "Emulated: wall clock with every collective slowed by the sleeping emulator to a "
@@ -131,8 +137,8 @@ def validation(ctx: RunContext) -> Result:
         for routing in ("hot", "uniform"):
             ctx.progress(f"{W} ranks {routing}")
             tokens = 2048 if W <= 4 else 1024
-            res = _bench(_base(ctx, mode="emulated", routing=routing, world_size=W,
-                               tokens_per_rank=tokens))
+            res = _bench(ctx, _base(ctx, mode="emulated", routing=routing, world_size=W,
+                                    tokens_per_rank=tokens))
             runs[f"{W}-{routing}"] = res.to_dict()
             for name, (emulated, probed, fitted) in validate_run(res).items():
                 rows.append([W, routing, name, emulated * 1e3, probed * 1e3,
@@ -253,7 +259,7 @@ def skew(ctx: RunContext) -> Result:
         emu_curves = {p: [] for p in POLICY_NAMES}
         for h in shares:
             ctx.progress(f"emulated h={h}")
-            res = _bench(_base(ctx, mode="emulated", hot_share=h))
+            res = _bench(ctx, _base(ctx, mode="emulated", hot_share=h))
             for p in POLICY_NAMES:
                 emu_curves[p].append(res.speedup(p))
             rows.append([h, "emulated"] + [emu_curves[p][-1] for p in POLICY_NAMES])
@@ -297,9 +303,9 @@ def group_size(ctx: RunContext) -> Result:
     if not ctx.quick:
         for g in sizes:
             ctx.progress(f"emulated G={g}")
-            res = _bench(_base(ctx, mode="emulated", routing="uniform", world_size=W,
-                               tokens_per_rank=1024, group_size=g,
-                               policies=("baseline", "smart")))
+            res = _bench(ctx, _base(ctx, mode="emulated", routing="uniform", world_size=W,
+                                    tokens_per_rank=1024, group_size=g,
+                                    policies=("baseline", "smart")))
             emu.append(res.speedup("smart"))
             rows.append([g, W // g, "emulated", emu[-1]])
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -374,8 +380,8 @@ def real_gate(ctx: RunContext) -> Result:
     results = {}
     for mode in modes:
         ctx.progress(f"replaying the trace ({mode})")
-        res = _bench(_base(ctx, mode=mode, routing="trace", world_size=4, experts_per_rank=2,
-                           trace_probabilities=probabilities))
+        res = _bench(ctx, _base(ctx, mode=mode, routing="trace", world_size=4,
+                                experts_per_rank=2, trace_probabilities=probabilities))
         results[mode] = res.to_dict()
         for name in POLICY_NAMES:
             r = res.results[name]
@@ -454,6 +460,7 @@ def projection(ctx: RunContext) -> Result:
 def topology_gate(ctx: RunContext) -> Result:
     from furnace.runtime.corpus import CorpusConfig, load_corpus
 
+    from .gates import EmulatedRanksGate
     from .lm import MoELMConfig, train_lm
 
     corpus = load_corpus(CorpusConfig(num_bytes=2_000_000))
@@ -461,10 +468,18 @@ def topology_gate(ctx: RunContext) -> Result:
     for f in (0.05, 0.14, 0.3, 1.0):
         ctx.progress(f"topology gate f={f}")
         cfg = MoELMConfig(num_experts=8, top_k=2, gate="topology")
-        tally = [0, 0]
-        trained = train_lm(cfg, corpus, steps=300, seed=0,
-                           setup=functools.partial(_virtual_ranks, fraction=f, tally=tally))
-        rows.append([f, tally[0] / max(tally[1], 1), trained.val_loss])
+        gates: list[EmulatedRanksGate] = []
+
+        def on_4_ranks(model, fraction=f, gates=gates):
+            for layer in model.moe_layers():
+                layer.gate.outgoing_fraction = fraction
+                layer.gate = EmulatedRanksGate(layer.gate, world_size=4,
+                                               num_experts_per_rank=2, ranks_per_node=2)
+                gates.append(layer.gate)
+
+        trained = train_lm(cfg, corpus, steps=300, seed=0, setup=on_4_ranks)
+        cross = sum(g.cross_node for g in gates)
+        rows.append([f, cross / max(sum(g.assignments for g in gates), 1), trained.val_loss])
     return Result(tables=[Table(
         title="Topology-aware gate: cross-node traffic vs validation loss",
         columns=["outgoing fraction f", "cross-node share of assignments", "val loss"],
@@ -472,34 +487,6 @@ def topology_gate(ctx: RunContext) -> Result:
         note="8 experts on 4 virtual ranks (2 experts each), 2 ranks per node; each batch is "
         "split over the virtual ranks; 300 steps; the share is over all training steps. "
         "f = 1 is plain top-2.")], data={"rows": rows})
-
-
-def _virtual_ranks(model, fraction: float, tally: list[int]) -> None:
-    """Route each quarter of a batch as if it came from one of 4 ranks, 2 per node."""
-    import torch
-
-    from .gates import GateContext, GateOutput
-
-    for layer in model.moe_layers():
-        gate = layer.gate
-        gate.outgoing_fraction = fraction
-        original = gate.forward
-
-        def forward(x_TD, gate=gate, original=original):
-            outs = []
-            for r, part in enumerate(torch.chunk(x_TD, 4)):
-                gate.bind(GateContext(rank=r, world_size=4, num_experts_per_rank=2,
-                                      ranks_per_node=2))
-                out = original(part)
-                node_of_expert = out.expert_ids_TK // 4
-                tally[0] += int((node_of_expert != r // 2).sum())
-                tally[1] += out.expert_ids_TK.numel()
-                outs.append(out)
-            return GateOutput(torch.cat([o.expert_ids_TK for o in outs]),
-                              torch.cat([o.scores_TK for o in outs]),
-                              sum(o.balance_loss for o in outs) / len(outs))
-
-        gate.forward = forward
 
 
 EXPERIMENTS = [

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -29,11 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime.corpus import Corpus, batches, eval_batches
+from ..runtime.training import TrainLoopConfig, TrainResult, train_loop
 from .gates import GATES
 from .layer import MoELayer
 
 __all__ = [
     "MoELMConfig",
+    "MoELMTrainResult",
     "MoETransformerLM",
     "RoutingTrace",
     "TrainResult",
@@ -302,28 +303,27 @@ class RoutingTrace:
             raise ValueError(f"not a RoutingTrace JSON document: {err}") from err
 
 
-@dataclass
-class TrainResult:
-    """What `train_lm` returns.
+@dataclass(kw_only=True)
+class MoELMTrainResult(TrainResult):
+    """What `train_lm` returns: the loop's record (``losses``, ``seconds``, ``model`` in eval
+    mode, ...) and the MoE LM's own.
 
     Attributes:
-        losses: training loss at every step.
-        val_loss: mean loss over the evaluation batches after the last step.
-        model: the trained model (in eval mode).
         trace: the routing of every training step.
-        val_history: ``(step, val_loss)`` every ``eval_every`` steps (empty if 0).
-        seconds: wall-clock time of the training loop.
+        val_loss: mean loss over the evaluation batches after the last step (NaN if the
+            loss stopped being finite and training stopped at ``diverged_at``).
+        val_history: ``(step index from 0, val_loss)`` every ``eval_every`` steps (empty
+            if 0).
     """
 
-    losses: list[float]
-    val_loss: float
-    model: MoETransformerLM
     trace: RoutingTrace
+    val_loss: float = math.nan
     val_history: list[tuple[int, float]] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 EVAL_BATCHES = 4
+# a few early routing flips give large gradients; clipping keeps lr=3e-3 stable
+GRADIENT_CLIP = 1.0
 
 
 @torch.no_grad()
@@ -344,12 +344,14 @@ def evaluate(model: MoETransformerLM, data: torch.Tensor, *, batch_size: int,
 def train_lm(config: MoELMConfig, corpus: Corpus, *, steps: int, batch_size: int = 16,
              lr: float = 3e-3, seed: int = 0, eval_every: int = 0,
              progress: Callable[[int, float], None] | None = None,
-             setup: Callable[[MoETransformerLM], None] | None = None) -> TrainResult:
+             setup: Callable[[MoETransformerLM], None] | None = None) -> MoELMTrainResult:
     """Train a fresh `MoETransformerLM` on ``corpus.train`` with AdamW; record its routing.
 
-    Deterministic for a fixed ``seed`` (and thread count): the model is initialised and
-    dropout drawn from a forked global RNG seeded with ``seed``, so the caller's RNG state
-    is untouched, and batches come from a generator of their own.
+    Runs `furnace.runtime.training.train_loop` (AdamW, weight decay 0.01, a constant
+    learning rate, gradient norm clipped to 1). Deterministic for a fixed ``seed`` (and
+    thread count): the model is initialised and dropout drawn from a forked global RNG
+    seeded with ``seed``, so the caller's RNG state is untouched, and batches come from a
+    generator of their own.
 
     Args:
         steps: optimizer steps, each on ``batch_size`` random windows of ``seq_len``.
@@ -372,35 +374,41 @@ def train_lm(config: MoELMConfig, corpus: Corpus, *, steps: int, batch_size: int
         if split.numel() < config.seq_len + 1:
             raise ValueError(f"the {name} split has {split.numel()} tokens, fewer than one "
                              f"window of seq_len={config.seq_len} plus one")
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    trace = RoutingTrace(num_layers=config.num_layers, num_experts=config.num_experts,
+                         top_k=config.top_k)
+
+    def build_model() -> MoETransformerLM:
         model = MoETransformerLM(config)
         if setup is not None:
             setup(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-        trace = RoutingTrace.for_model(model)
-        data = batches(corpus.train, batch_size=batch_size, seq_len=config.seq_len,
-                       generator=torch.Generator().manual_seed(seed))
-        losses: list[float] = []
-        val_history: list[tuple[int, float]] = []
-        start = time.perf_counter()
-        model.train()
-        for step in range(steps):
-            x_BT, y_BT = next(data)
-            _, loss = model(x_BT, y_BT)
-            trace.record(model)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            # a few early routing flips give large gradients; clipping keeps lr=3e-3 stable
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            losses.append(loss.detach().item())
-            if eval_every and (step + 1) % eval_every == 0:
-                val_history.append((step, evaluate(model, corpus.val, batch_size=batch_size)))
-            if progress is not None:
-                progress(step, losses[-1])
-        seconds = time.perf_counter() - start
-        val_loss = evaluate(model, corpus.val, batch_size=batch_size)
-    model.eval()
-    return TrainResult(losses=losses, val_loss=val_loss, model=model, trace=trace,
-                       val_history=val_history, seconds=seconds)
+        return model
+
+    def loss(model: MoETransformerLM, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        _, value = model(*batch)
+        trace.record(model)
+        return value
+
+    def evaluate_val(model: MoETransformerLM) -> dict[str, float]:
+        return {"val_loss": evaluate(model, corpus.val, batch_size=batch_size)}
+
+    report = None
+    if progress is not None:
+        report_step = progress
+
+        def report(step: int, metrics: dict[str, float]) -> None:
+            # train_lm's callers count steps from 0
+            report_step(step - 1, metrics["loss"])
+
+    loop = TrainLoopConfig(steps=steps, lr=lr, weight_decay=0.01,
+                           clip=GRADIENT_CLIP, schedule="constant", seed=seed,
+                           eval_every=eval_every)
+    result = train_loop(
+        loop, build_model=build_model,
+        batches=lambda generator: batches(corpus.train, batch_size=batch_size,
+                                          seq_len=config.seq_len, generator=generator),
+        loss=loss, evaluate=evaluate_val, result=MoELMTrainResult(trace=trace),
+        progress=report)
+    result.val_history = [(step - 1, m["val_loss"]) for step, m in result.eval_history]
+    if result.final_metrics is not None:
+        result.val_loss = result.final_metrics["val_loss"]
+    return result

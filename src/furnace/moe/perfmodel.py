@@ -21,7 +21,9 @@ link per worker shared by sends S_i and returns R_i, compute separate):
 applied to forward and backward (backward compute 2x). GEMM efficiency of a block of b
 tokens is P * b / (b + b_half), so tiny steps pay for their small GEMMs.
 
-All arithmetic is float64 on integer counts, so every rank reaches the same decision.
+Every alpha + bytes / beta term is `furnace.runtime.cost.link_time` (the model's own alpha
+and beta are its link), so this model and the network emulator price a message alike. All
+arithmetic is float64 on integer counts, so every rank reaches the same decision.
 Symbols: W workers, E experts per worker, N = W*E experts, H d_model, F d_hidden,
 s bytes per element, P FLOP/s per worker, beta bytes/s per worker, c[w, e] tokens that
 worker w routes to expert e.
@@ -34,6 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from furnace.runtime.cost import link_time, link_time_array
 from furnace.runtime.topology import Topology, dtype_name
 
 
@@ -113,9 +116,21 @@ class MoEPerfModel:
         return passes * self.flops_per_token * tokens / (self.flops_per_s * eff)
 
     def transfer_time(self, tokens: float, messages: int = 1) -> float:
+        """Seconds to move ``tokens`` activations in ``messages`` messages; no tokens, no
+        message and no time."""
         if tokens <= 0:
             return 0.0
-        return messages * self.latency_s + tokens * self.token_bytes / self.bandwidth_Bps
+        return link_time(self, tokens * self.token_bytes, messages)
+
+    @property
+    def shadow_param_s(self) -> float:
+        """One expert's parameters over the link: one broadcast (or gradient reduce)."""
+        return link_time(self, self.param_bytes)
+
+    def _transfer_times(self, tokens: np.ndarray) -> np.ndarray:
+        """`transfer_time` of one message elementwise; no tokens, no message."""
+        moved = np.asarray(tokens, dtype=np.float64)
+        return np.where(moved > 0, link_time_array(self, moved * self.token_bytes), 0.0)
 
     # --- load and traffic -------------------------------------------------------------
 
@@ -150,10 +165,8 @@ class MoEPerfModel:
         # one arithmetic path for `step_latency` and `shadow_policy`, so the policy's
         # predictions are exactly the latencies it is judged by
         comp = 3.0 * self._gemm_times(computed_W)
-        moved = np.maximum(out_W, incoming_W)
-        comm = 4.0 * np.where(moved > 0, self.latency_s
-                              + moved * self.token_bytes / self.bandwidth_Bps, 0.0)
-        shadow = 2 * num_shadow * (self.latency_s + self.param_bytes / self.bandwidth_Bps)
+        comm = 4.0 * self._transfer_times(np.maximum(out_W, incoming_W))
+        shadow = 2 * num_shadow * self.shadow_param_s
         return comp, comm, shadow, float((comp + comm).max()) + shadow
 
     # --- dynamic shadowing ------------------------------------------------------------
@@ -184,11 +197,8 @@ class MoEPerfModel:
                      num_shadow) -> np.ndarray:
         """`_base_terms`' total for a stack of candidates (workers on the last axis)."""
         comp = 3.0 * self._gemm_times(computed)
-        moved = np.maximum(out, incoming)
-        comm = 4.0 * np.where(moved > 0, self.latency_s
-                              + moved * self.token_bytes / self.bandwidth_Bps, 0.0)
-        per_param = self.latency_s + self.param_bytes / self.bandwidth_Bps
-        return (comp + comm).max(-1) + 2 * np.asarray(num_shadow) * per_param
+        comm = 4.0 * self._transfer_times(np.maximum(out, incoming))
+        return (comp + comm).max(-1) + 2 * np.asarray(num_shadow) * self.shadow_param_s
 
     def shadow_prefix_latencies(self, counts_WN: np.ndarray, experts_per_rank: int
                                 ) -> tuple[list[int], np.ndarray]:
@@ -201,9 +211,10 @@ class MoEPerfModel:
         order = self.shadow_order(counts)
         base = self.loads(counts, experts_per_rank)
         deltas = self._shadow_deltas(counts, experts_per_rank)
-        stacks = [np.concatenate([b[None, :], b[None, :] + np.cumsum(d[order], axis=0)])
-                  for b, d in zip(base, deltas)]
-        return order, self._base_totals(*stacks, np.arange(len(order) + 1))
+        computed, out, incoming = (
+            np.concatenate([b[None, :], b[None, :] + np.cumsum(d[order], axis=0)])
+            for b, d in zip(base, deltas))
+        return order, self._base_totals(computed, out, incoming, np.arange(len(order) + 1))
 
     def shadow_policy(self, counts_WN: np.ndarray, experts_per_rank: int, *,
                       starts: int = 3) -> np.ndarray:
@@ -265,7 +276,8 @@ class MoEPerfModel:
             single_N = self._base_totals(computed + s_comp, out + s_out, incoming + s_inc,
                                          k + sign_N)
             e = int(np.argmin(single_N))
-            value, flip = float(single_N[e]), (e,)
+            flip: tuple[int, ...] = (e,)
+            value = float(single_N[e])
             pool = np.argsort(single_N, kind="stable")[:pair_candidates]
             if pool.size > 1:
                 i, j = np.triu_indices(pool.size, 1)
@@ -334,13 +346,8 @@ class MoEPerfModel:
         shadow = np.zeros(N, bool) if shadow_N is None else np.asarray(shadow_N, bool)
         out_Wn, inc_Wn, mine_Wn = self.step_traffic(counts, experts_per_rank, group_size,
                                                     shadow)
-        shadow_s = 2 * int(shadow.sum()) * (self.latency_s + self.param_bytes / self.bandwidth_Bps)
-        traffic = np.maximum(out_Wn, inc_Wn)
-        # the step's messages to its G peers are in flight together: one alpha per step,
-        # as the emulator charges an all-to-all
-        link_Wn = np.where(traffic > 0, self.latency_s
-                           + traffic * self.token_bytes / self.bandwidth_Bps, 0.0)
-        link_Wn = link_Wn + self.step_overhead_s
+        shadow_s = 2 * int(shadow.sum()) * self.shadow_param_s
+        link_Wn = self.step_link_times(out_Wn, inc_Wn)
         comp_Wn = self._gemm_times(mine_Wn)
         local_W = self._gemm_times((counts * shadow).sum(1))
         fwd = _pipeline_vec(link_Wn, comp_Wn, link_Wn, shadow_s / 2, local_W)
@@ -349,6 +356,14 @@ class MoEPerfModel:
         comm = 2 * 2 * link_Wn.sum(1)
         return StepLatency(tuple(comp.tolist()), tuple(comm.tolist()), shadow_s,
                            float((fwd + bwd).max()))
+
+    def step_link_times(self, out_Wn: np.ndarray, inc_Wn: np.ndarray) -> np.ndarray:
+        """Seconds each worker's link is busy in each exchange step (S_i or R_i).
+
+        The step's messages to its G peers are in flight together: one alpha per step, as
+        the emulator charges an all-to-all, plus the fixed per-step overhead.
+        """
+        return self._transfer_times(np.maximum(out_Wn, inc_Wn)) + self.step_overhead_s
 
     def _gemm_times(self, tokens: np.ndarray) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.float64)

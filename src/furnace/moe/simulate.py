@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from furnace.runtime.cost import collective_time
 from furnace.runtime.simulator import Simulator, Timeline
 
 from .perfmodel import MoEPerfModel
@@ -84,16 +85,13 @@ def simulate_step(counts_WN: np.ndarray, perf: MoEPerfModel, experts_per_rank: i
     G = policy.group_size
     out_Wn, inc_Wn, mine_Wn = perf.step_traffic(counts, experts_per_rank, G, shadow)
     n = out_Wn.shape[1]
-    traffic = np.maximum(out_Wn, inc_Wn)
-    link_Wn = np.where(traffic > 0, perf.latency_s
-                       + traffic * perf.token_bytes / perf.bandwidth_Bps, 0.0)
-    link_Wn += perf.step_overhead_s
+    link_Wn = perf.step_link_times(out_Wn, inc_Wn)
     compute_perf = perf if host_flops_per_s is None else perf.with_(flops_per_s=host_flops_per_s)
     comp_Wn = compute_perf._gemm_times(mine_Wn)
     local_W = compute_perf._gemm_times((counts * shadow).sum(1))
     num_shadow = int(shadow.sum())
     # a chain-pipelined broadcast (or reduce) moves each expert's parameters once per link
-    param_s = num_shadow * (perf.latency_s + perf.param_bytes / perf.bandwidth_Bps)
+    param_s = num_shadow * perf.shadow_param_s
 
     sim = Simulator()
     for w in range(W):
@@ -103,8 +101,10 @@ def simulate_step(counts_WN: np.ndarray, perf: MoEPerfModel, experts_per_rank: i
     if host_cores is not None:
         sim.add_resource("host", host_cores)
     gpu = [f"gpu{w}" if host_cores is None else "host" for w in range(W)]
-    # the per-expert counts all-gather: a ring of W-1 latency steps
-    sim.add_task("counts", (W - 1) * perf.latency_s + perf.step_overhead_s, category="comm")
+    # the per-expert counts all-gather: a ring of W-1 latency steps (its few bytes are not
+    # modelled)
+    sim.add_task("counts", collective_time("all_gather", 0, W, perf) + perf.step_overhead_s,
+                 category="comm")
     start = "counts"
     for phase, factor in (("fwd", 1.0), ("bwd", 2.0)):
         _add_pass(sim, phase, factor, W, n, link_Wn, comp_Wn, local_W, param_s, start, gpu)
@@ -117,9 +117,9 @@ def _add_pass(sim: Simulator, phase: str, factor: float, W: int, n: int, link_Wn
     p = phase
     for i in range(n):
         for w in range(W):
-            deps = (start,) if i == 0 else (f"{p}.S{i - 1}.w{w}",)
-            sim.add_task(f"{p}.S{i}.w{w}", link_Wn[w, i], resource=f"link{w}", deps=deps,
-                         category="comm")
+            send_deps = (start,) if i == 0 else (f"{p}.S{i - 1}.w{w}",)
+            sim.add_task(f"{p}.S{i}.w{w}", link_Wn[w, i], resource=f"link{w}",
+                         deps=send_deps, category="comm")
         sim.add_task(f"{p}.A{i}", 0.0, deps=tuple(f"{p}.S{i}.w{w}" for w in range(W)))
     shadow_done = []
     for w in range(W):

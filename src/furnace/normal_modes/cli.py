@@ -4,11 +4,14 @@ The command-line driver of this package's NormalModes pipeline (Shi, Li, Xi, Saa
 SC'18: mesh, assemble, pEVSL's filtered Lanczos, identify; the parallel modes of section
 IV.D through `furnace.eigen.eigsh_interval_mpi`):
 
-    furnace modes --planet ball --fmin 0.3 --fmax 0.6 --mesh-size 0.15
+    furnace modes --planet ball --fmin-mhz 0.3 --fmax-mhz 0.6 --mesh-size 0.15
     furnace modes --planet mars --fmin 0.3 --fmax 0.8 --mesh-size 0.1 [--p2]
     furnace modes --planet ball --fmin 0.3 --fmax 0.6 --plot maps/ --vtu modes.vtu
 
     mpiexec -n 2 furnace modes --planet mars --fmin 0.3 --fmax 1.0 --mesh-size 0.1 --slices 2
+
+The options that set `ModesConfig` fields are declared from its fields (flag = field name,
+``--fmin``/``--fmax`` being the short spellings of ``--fmin-mhz``/``--fmax-mhz``).
 
 Every user mistake (a bad number, fmin >= fmax, a combination the package does not have,
 a missing planet model file, an output that cannot be written) is found before meshing and
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from furnace.runtime.cliargs import (
     UsageError,
+    add_config_arguments,
     float_in,
     output_dir,
     output_file,
@@ -35,7 +39,7 @@ from furnace.runtime.cliargs import (
     require,
 )
 
-from .config import FLUID_FORMS, PLANETS
+from .config import ModesConfig
 
 # finest mesh accepted: the unit ball has 82,863 P1 unknowns at h = 0.05 and the count
 # grows like h^-3, so h = 0.01 R is about 10 million unknowns (the gmsh mesh and the
@@ -52,20 +56,19 @@ def add_parser(subparsers) -> None:
         epilog="exit status: 0 done; 1 the solver cannot vouch for the number of modes in "
         "the band, or an output could not be written; 2 a mistake in the arguments (one line "
         "on stderr, before any meshing).")
-    modes.add_argument("--planet", choices=PLANETS, default="ball",
-                       help="ball (CONST), mars (DWAK), prem or moon")
-    modes.add_argument("--fmin", type=float_in(0.0, lo_open=True), required=True,
-                       help="lowest frequency in mHz, > 0 (keeps the zero modes out)")
-    modes.add_argument("--fmax", type=float_in(0.0, lo_open=True), required=True,
-                       help="highest frequency in mHz, > --fmin")
-    modes.add_argument("--mesh-size", type=float_in(MIN_MESH_SIZE, 1.0), default=0.15,
-                       help="target edge length relative to the radius")
+    # the options that set ModesConfig fields come from its fields; the band keeps its old
+    # spelling (--fmin, --fmax) beside the field's, which the documentation uses throughout
+    add_config_arguments(modes, ModesConfig, ["planet", "fmin_mhz", "fmax_mhz", "mesh_size"],
+                         overrides={
+                             "fmin_mhz": {"flags": ("--fmin-mhz", "--fmin"), "metavar": "MHZ",
+                                          "type": float_in(0.0, lo_open=True)},
+                             "fmax_mhz": {"flags": ("--fmax-mhz", "--fmax"), "metavar": "MHZ",
+                                          "type": float_in(0.0, lo_open=True)},
+                             "mesh_size": {"type": float_in(MIN_MESH_SIZE, 1.0)}})
     modes.add_argument("--p2", action="store_true", help="P2 elements (consistent mass)")
-    modes.add_argument("--slices", type=positive_int, default=None,
-                       help="spectrum slices (default: 1, or the number of MPI ranks)")
-    modes.add_argument("--fluid", choices=FLUID_FORMS, default=None,
-                       help="fluid-core form, for planets with a fluid core (default: split "
-                       "for P1, welded for P2)")
+    add_config_arguments(modes, ModesConfig, ["slices", "fluid"], overrides={
+        "slices": {"type": positive_int, "default": None,
+                   "help": "spectrum slices (default: 1, or the number of MPI ranks)"}})
     modes.add_argument("--mode", choices=PARALLEL_MODES, default="slices",
                        help="parallel mode under mpiexec")
     modes.add_argument("--group-size", type=positive_int, default=None,
@@ -87,8 +90,9 @@ def check_args(args: argparse.Namespace, ranks: int | None = None) -> None:
 
     from .models import load_planet
 
-    require(args.fmin < args.fmax, "--fmax",
-            f"must be greater than --fmin, got --fmin {args.fmin:g} --fmax {args.fmax:g}")
+    require(args.fmin_mhz < args.fmax_mhz, "--fmax-mhz",
+            f"must be greater than --fmin-mhz, got --fmin-mhz {args.fmin_mhz:g} --fmax-mhz "
+            f"{args.fmax_mhz:g}")
     try:
         model = load_planet(args.planet)
     except (OSError, ValueError) as exc:
@@ -140,20 +144,20 @@ def _modes(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from furnace.eigen import solver as eigen_solver
+    from furnace.eigen import IncompleteError
 
     from .solve import compute_modes
 
-    incomplete = getattr(eigen_solver, "IncompleteError", ())
     slices = args.slices or ranks
     console = Console(quiet=rank != 0)
     try:
         with console.status("starting ...") as status:
-            res = compute_modes(args.planet, args.fmin, args.fmax, mesh_size=args.mesh_size,
-                                order=2 if args.p2 else 1, slices=slices, fluid=args.fluid,
-                                comm=comm, mode=args.mode, group_size=args.group_size,
+            res = compute_modes(args.planet, args.fmin_mhz, args.fmax_mhz,
+                                mesh_size=args.mesh_size, order=2 if args.p2 else 1,
+                                slices=slices, fluid=args.fluid, comm=comm, mode=args.mode,
+                                group_size=args.group_size,
                                 progress=lambda text: status.update(text + " ..."))
-    except incomplete as exc:
+    except IncompleteError as exc:
         # the solver cannot vouch for the number of modes: no partial answer as a whole one
         if rank == 0:
             print(f"furnace modes: error: {_one_line(exc)}", file=sys.stderr)
@@ -165,7 +169,7 @@ def _modes(args: argparse.Namespace) -> int:
     if rank != 0:
         return 0
     table = Table(title=f"{args.planet}: {res.frequencies_mhz.size} eigenfrequencies in "
-                  f"[{args.fmin:g}, {args.fmax:g}] mHz ({res.unknowns} unknowns, "
+                  f"[{args.fmin_mhz:g}, {args.fmax_mhz:g}] mHz ({res.unknowns} unknowns, "
                   f"{'P2' if args.p2 else 'P1'})")
     for col in ("multiplet", "f mHz", "members", "complete"):
         table.add_column(col, justify="right")

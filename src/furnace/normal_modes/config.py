@@ -2,12 +2,13 @@
 
 NormalModes (Shi et al., SC'18) reads the planet, the frequency band ``lowfreq``/``upfreq``
 in mHz and ``pOrder`` from a config file; this is the same, validated, with this package's
-choices (mesh size, mass lumping, fluid-core form, slices) beside them.
+choices (mesh size, mass lumping, fluid-core form, slices) beside them. Each field's
+``metadata["help"]`` is the help of its `furnace modes` option.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PLANETS = ("ball", "mars", "prem", "moon")
 FLUID_FORMS = ("split", "welded")
@@ -29,14 +30,21 @@ class ModesConfig:
         slices: spectrum slices of the filtered Lanczos solver.
     """
 
-    planet: str = "ball"
-    fmin_mhz: float
-    fmax_mhz: float
-    mesh_size: float = 0.15
-    order: int = 1
-    lumped: bool | None = None
-    fluid: str | None = None
-    slices: int = 1
+    planet: str = field(default="ball", metadata={
+        "help": "ball (CONST), mars (DWAK), prem or moon", "choices": PLANETS})
+    fmin_mhz: float = field(metadata={
+        "help": "lowest frequency in mHz, > 0 (keeps the zero modes out)"})
+    fmax_mhz: float = field(metadata={"help": "highest frequency in mHz, > --fmin-mhz"})
+    mesh_size: float = field(default=0.15, metadata={
+        "help": "target edge length relative to the radius"})
+    order: int = field(default=1, metadata={"help": "finite-element order: 1 (P1) or 2 (P2)",
+                                            "choices": (1, 2)})
+    lumped: bool | None = field(default=None, metadata={
+        "help": "row-sum lumped mass (default: for P1, not for P2)"})
+    fluid: str | None = field(default=None, metadata={
+        "help": "fluid-core form, for planets with a fluid core (default: split for P1, "
+        "welded for P2)", "choices": FLUID_FORMS})
+    slices: int = field(default=1, metadata={"help": "spectrum slices"})
 
     def __post_init__(self) -> None:
         if self.planet not in PLANETS:

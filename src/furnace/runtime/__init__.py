@@ -10,7 +10,7 @@
 """
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 # Names load on first use (PEP 562): `furnace.runtime.cliargs` and `.atomic` are needed by
 # every CLI, including the eigensolver's MPI ranks, which should not pay for importing torch.
@@ -29,7 +29,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'furnace.runtime' has no attribute {name!r}")

@@ -38,7 +38,7 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def _give_mode(tmp: str | os.PathLike, dest: Path) -> None:
+def _give_mode(tmp: str | os.PathLike[str], dest: Path) -> None:
     try:
         mode = dest.stat().st_mode & 0o777 if dest.exists() else 0o666 & ~_UMASK
         os.chmod(tmp, mode)
@@ -64,7 +64,7 @@ def _fsync_dir(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iterator[IO]:
+def atomic_open(path: str | os.PathLike[str], mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
     """Open a temporary sibling of ``path`` for writing; on success it replaces ``path``.
 
     If the block raises (a full disk included) the temporary file is removed, ``path`` keeps
@@ -95,21 +95,21 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", **kwargs: Any) -> Iter
     _fsync_dir(folder)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+def atomic_write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
     """Write ``text`` to ``path`` atomically and return the path."""
     with atomic_open(path, "w", encoding=encoding) as f:
         f.write(text)
     return Path(path)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically and return the path."""
     with atomic_open(path, "wb") as f:
         f.write(data)
     return Path(path)
 
 
-def atomic_write_many(files: dict[str | os.PathLike, bytes | str]) -> list[Path]:
+def atomic_write_many(files: dict[str | os.PathLike[str], bytes | str]) -> list[Path]:
     """Write several files so that either all are replaced or none is.
 
     Every temporary file is written and fsynced first; only when all of them are on disk
@@ -147,7 +147,8 @@ def atomic_write_many(files: dict[str | os.PathLike, bytes | str]) -> list[Path]
     return [dest for _, dest in staged]
 
 
-def atomic_save(path: str | os.PathLike, writer: Callable[[IO], Any], binary: bool = True) -> Path:
+def atomic_save(path: str | os.PathLike[str], writer: Callable[[IO[Any]], Any],
+                binary: bool = True) -> Path:
     """Call ``writer(file)`` on a temporary sibling of ``path``, then replace ``path``.
 
     For writers that take a file object: ``torch.save(obj, f)``, ``fig.savefig(f, format=...)``.
@@ -157,7 +158,7 @@ def atomic_save(path: str | os.PathLike, writer: Callable[[IO], Any], binary: bo
     return Path(path)
 
 
-def check_writable_dir(path: str | os.PathLike, *, create: bool = True) -> Path:
+def check_writable_dir(path: str | os.PathLike[str], *, create: bool = True) -> Path:
     """Make sure ``path`` is a folder this process can create files in, before any work.
 
     Creates it (and its parents) when ``create``. Raises `OutputError` with a one-line
@@ -183,7 +184,7 @@ def check_writable_dir(path: str | os.PathLike, *, create: bool = True) -> Path:
     return folder
 
 
-def check_writable_file(path: str | os.PathLike) -> Path:
+def check_writable_file(path: str | os.PathLike[str]) -> Path:
     """Make sure ``path`` can be written later: its folder exists and is writable.
 
     The folder is not created, since a typo in a file name's folder is more likely than a

@@ -21,9 +21,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
@@ -296,19 +296,23 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-class CommHandle:
+ResultT = TypeVar("ResultT")
+
+
+class CommHandle(Generic[ResultT]):
     """An op in flight; `wait` returns its result and finishes the log record."""
 
-    def __init__(self, finish) -> None:
+    def __init__(self, finish: Callable[[], ResultT]) -> None:
         self._finish = finish
         self._done = False
-        self._result: Any = None
+        self._result: ResultT | None = None
 
-    def wait(self) -> Any:
+    def wait(self) -> ResultT:
         if not self._done:
             self._result = self._finish()
             self._done = True
-        return self._result
+        # after the first wait _result holds finish()'s value, None included
+        return self._result  # type: ignore[return-value]
 
 
 class Communicator:
@@ -351,17 +355,21 @@ class Communicator:
                              f"of size {self.world_size}")
         return self.global_ranks[group_rank]
 
-    def _issue(self, op: str, tensor: torch.Tensor | None, tr: Traffic, work, result,
-               async_op: bool, *, kind: str = "collective", peer: int | None = None):
+    def _issue(self, op: str, tensor: torch.Tensor | None, tr: Traffic, work: dist.Work | None,
+               result: ResultT, *, kind: str = "collective",
+               peer: int | None = None) -> CommHandle[ResultT]:
+        """The handle of an op just started; its wait finishes ``work`` and logs the op."""
         t0 = time.perf_counter()
+        network = self.network
         pending = None
-        if self.network is not None:
-            pending = self.network.begin(tr, self, kind=kind, peer=peer)
+        if network is not None:
+            pending = network.begin(tr, self, kind=kind, peer=peer)
 
-        def finish():
+        def finish() -> ResultT:
             if work is not None:
                 work.wait()
-            modelled = self.network.finish(pending) if pending is not None else None
+            modelled = (network.finish(pending)
+                        if network is not None and pending is not None else None)
             self.log.add(CommRecord(
                 op=op, group=self.name, rank=self.rank, world_size=self.world_size,
                 bytes_sent=tr.bytes_sent, bytes_received=tr.bytes_received,
@@ -370,29 +378,67 @@ class Communicator:
                 dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else "",
                 numel=tensor.numel() if tensor is not None else 0,
             ))
-            return result() if callable(result) else result
+            return result
 
-        handle = CommHandle(finish)
+        return CommHandle(finish)
+
+    @staticmethod
+    def _result(handle: CommHandle[torch.Tensor],
+                async_op: bool) -> torch.Tensor | CommHandle[torch.Tensor]:
         return handle if async_op else handle.wait()
 
-    def _traffic(self, op: str, **kw) -> Traffic:
+    def _traffic(self, op: str, **kw: Any) -> Traffic:
         return traffic(op, rank=self.rank, world_size=self.world_size, **kw)
 
-    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False):
+    # each collective returns its tensor, or with async_op=True a handle whose wait does
+    @overload
+    def all_reduce(self, tensor: torch.Tensor, op: str = ..., *,
+                   async_op: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def all_reduce(self, tensor: torch.Tensor, op: str = ..., *,
+                   async_op: Literal[True]) -> CommHandle[torch.Tensor]: ...
+    @overload
+    def all_reduce(self, tensor: torch.Tensor, op: str = ..., *,
+                   async_op: bool) -> torch.Tensor | CommHandle[torch.Tensor]: ...
+
+    def all_reduce(self, tensor: torch.Tensor, op: str = "sum", *,
+                   async_op: bool = False) -> torch.Tensor | CommHandle[torch.Tensor]:
         """In-place all-reduce; returns ``tensor`` (or a handle whose wait returns it)."""
         work = dist.all_reduce(tensor, op=_reduce_op(op), group=self.group, async_op=True)
         tr = self._traffic("all_reduce", nbytes=_nbytes(tensor))
-        return self._issue("all_reduce", tensor, tr, work, tensor, async_op)
+        return self._result(self._issue("all_reduce", tensor, tr, work, tensor), async_op)
 
-    def all_gather(self, tensor: torch.Tensor, *, async_op: bool = False):
+    @overload
+    def all_gather(self, tensor: torch.Tensor, *,
+                   async_op: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def all_gather(self, tensor: torch.Tensor, *,
+                   async_op: Literal[True]) -> CommHandle[torch.Tensor]: ...
+    @overload
+    def all_gather(self, tensor: torch.Tensor, *,
+                   async_op: bool) -> torch.Tensor | CommHandle[torch.Tensor]: ...
+
+    def all_gather(self, tensor: torch.Tensor, *,
+                   async_op: bool = False) -> torch.Tensor | CommHandle[torch.Tensor]:
         """Concatenation of every rank's ``tensor`` along dim 0 (equal shapes)."""
         _need_dim0("all_gather", tensor)
         out = tensor.new_empty((self.world_size * tensor.shape[0], *tensor.shape[1:]))
         work = _all_gather_flat(out, tensor.contiguous(), group=self.group, async_op=True)
         tr = self._traffic("all_gather", nbytes=_nbytes(tensor))
-        return self._issue("all_gather", tensor, tr, work, out, async_op)
+        return self._result(self._issue("all_gather", tensor, tr, work, out), async_op)
 
-    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", *, async_op: bool = False):
+    @overload
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = ..., *,
+                       async_op: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = ..., *,
+                       async_op: Literal[True]) -> CommHandle[torch.Tensor]: ...
+    @overload
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = ..., *,
+                       async_op: bool) -> torch.Tensor | CommHandle[torch.Tensor]: ...
+
+    def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum", *,
+                       async_op: bool = False) -> torch.Tensor | CommHandle[torch.Tensor]:
         """This rank's dim-0 chunk of the elementwise reduction of every rank's ``tensor``."""
         _need_dim0("reduce_scatter", tensor)
         if tensor.shape[0] % self.world_size:
@@ -402,21 +448,58 @@ class Communicator:
         work = _reduce_scatter_flat(out, tensor.contiguous(), op=_reduce_op(op),
                                     group=self.group, async_op=True)
         tr = self._traffic("reduce_scatter", nbytes=_nbytes(out))
-        return self._issue("reduce_scatter", tensor, tr, work, out, async_op)
+        return self._result(self._issue("reduce_scatter", tensor, tr, work, out), async_op)
 
-    def broadcast(self, tensor: torch.Tensor, src: int = 0, *, async_op: bool = False):
+    @overload
+    def broadcast(self, tensor: torch.Tensor, src: int = ..., *,
+                  async_op: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def broadcast(self, tensor: torch.Tensor, src: int = ..., *,
+                  async_op: Literal[True]) -> CommHandle[torch.Tensor]: ...
+    @overload
+    def broadcast(self, tensor: torch.Tensor, src: int = ..., *,
+                  async_op: bool) -> torch.Tensor | CommHandle[torch.Tensor]: ...
+
+    def broadcast(self, tensor: torch.Tensor, src: int = 0, *,
+                  async_op: bool = False) -> torch.Tensor | CommHandle[torch.Tensor]:
         """In-place broadcast from group rank ``src``; returns ``tensor``."""
         work = dist.broadcast(tensor, self.global_rank(src), group=self.group, async_op=True)
         tr = self._traffic("broadcast", nbytes=_nbytes(tensor), root=src)
-        return self._issue("broadcast", tensor, tr, work, tensor, async_op)
+        return self._result(self._issue("broadcast", tensor, tr, work, tensor), async_op)
+
+    @overload
+    def reduce(self, tensor: torch.Tensor, dst: int = ..., op: str = ..., *,
+               async_op: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def reduce(self, tensor: torch.Tensor, dst: int = ..., op: str = ..., *,
+               async_op: Literal[True]) -> CommHandle[torch.Tensor]: ...
+    @overload
+    def reduce(self, tensor: torch.Tensor, dst: int = ..., op: str = ..., *,
+               async_op: bool) -> torch.Tensor | CommHandle[torch.Tensor]: ...
 
     def reduce(self, tensor: torch.Tensor, dst: int = 0, op: str = "sum", *,
-               async_op: bool = False):
+               async_op: bool = False) -> torch.Tensor | CommHandle[torch.Tensor]:
         """In-place reduce to group rank ``dst`` (other ranks' tensors are scratch)."""
         work = dist.reduce(tensor, self.global_rank(dst), op=_reduce_op(op), group=self.group,
                            async_op=True)
         tr = self._traffic("reduce", nbytes=_nbytes(tensor), root=dst)
-        return self._issue("reduce", tensor, tr, work, tensor, async_op)
+        return self._result(self._issue("reduce", tensor, tr, work, tensor), async_op)
+
+    @overload
+    def all_to_all_single(self, tensor: torch.Tensor,
+                          output_split_sizes: Sequence[int] | None = ...,
+                          input_split_sizes: Sequence[int] | None = ..., *,
+                          async_op: Literal[False] = ...) -> torch.Tensor: ...
+    @overload
+    def all_to_all_single(self, tensor: torch.Tensor,
+                          output_split_sizes: Sequence[int] | None = ...,
+                          input_split_sizes: Sequence[int] | None = ..., *,
+                          async_op: Literal[True]) -> CommHandle[torch.Tensor]: ...
+    @overload
+    def all_to_all_single(self, tensor: torch.Tensor,
+                          output_split_sizes: Sequence[int] | None = ...,
+                          input_split_sizes: Sequence[int] | None = ..., *,
+                          async_op: bool) -> torch.Tensor | CommHandle[torch.Tensor]: ...
 
     def all_to_all_single(
         self,
@@ -425,7 +508,7 @@ class Communicator:
         input_split_sizes: Sequence[int] | None = None,
         *,
         async_op: bool = False,
-    ):
+    ) -> torch.Tensor | CommHandle[torch.Tensor]:
         """Uneven all-to-all along dim 0; splits count rows (None means equal splits).
 
         Every rank must call it, including ranks that send or receive nothing, and the
@@ -449,7 +532,7 @@ class Communicator:
         tr = self._traffic("all_to_all_single",
                            send_bytes=[r * row_bytes for r in rows_in],
                            recv_bytes=[r * row_bytes for r in rows_out])
-        return self._issue("all_to_all_single", tensor, tr, work, out, async_op)
+        return self._result(self._issue("all_to_all_single", tensor, tr, work, out), async_op)
 
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         self.isend(tensor, dst).wait()
@@ -457,23 +540,23 @@ class Communicator:
     def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         return self.irecv(tensor, src).wait()
 
-    def isend(self, tensor: torch.Tensor, dst: int) -> CommHandle:
+    def isend(self, tensor: torch.Tensor, dst: int) -> CommHandle[None]:
         work = dist.isend(tensor.contiguous(), self.global_rank(dst), group=self.group)
         tr = self._traffic("send", nbytes=_nbytes(tensor), peer=dst)
-        return self._issue("send", tensor, tr, work, None, True, kind="send", peer=dst)
+        return self._issue("send", tensor, tr, work, None, kind="send", peer=dst)
 
-    def irecv(self, tensor: torch.Tensor, src: int) -> CommHandle:
+    def irecv(self, tensor: torch.Tensor, src: int) -> CommHandle[torch.Tensor]:
         """Receive into ``tensor`` from group rank ``src``; the handle's wait returns it."""
         work = dist.irecv(tensor, self.global_rank(src), group=self.group)
         tr = self._traffic("recv", nbytes=_nbytes(tensor), peer=src)
-        return self._issue("recv", tensor, tr, work, tensor, True, kind="recv", peer=src)
+        return self._issue("recv", tensor, tr, work, tensor, kind="recv", peer=src)
 
     def barrier(self) -> None:
         work = dist.barrier(group=self.group, async_op=True)
-        self._issue("barrier", None, self._traffic("barrier"), work, None, False)
+        self._issue("barrier", None, self._traffic("barrier"), work, None).wait()
 
 
-def _reduce_op(op: str) -> dist.ReduceOp:
+def _reduce_op(op: str) -> dist.ReduceOp.RedOpType:
     try:
         return _REDUCE_OPS[op]
     except KeyError:
@@ -504,28 +587,33 @@ def _splits(sizes: Sequence[int] | None, rows: int, p: int, what: str) -> list[i
 
 
 class _AllToAllSingle(torch.autograd.Function):
+    # ctx is torch's FunctionCtx, which carries the attributes set on it untyped
     @staticmethod
-    def forward(ctx, x, comm, output_split_sizes, input_split_sizes):
+    def forward(ctx: Any, x: torch.Tensor, comm: Communicator,
+                output_split_sizes: Sequence[int],
+                input_split_sizes: Sequence[int]) -> torch.Tensor:
         ctx.comm = comm
         ctx.splits = (list(output_split_sizes), list(input_split_sizes))
         return comm.all_to_all_single(x, output_split_sizes, input_split_sizes)
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
         out_splits, in_splits = ctx.splits
-        grad_in = ctx.comm.all_to_all_single(grad_out.contiguous(), in_splits, out_splits)
+        comm: Communicator = ctx.comm
+        grad_in = comm.all_to_all_single(grad_out.contiguous(), in_splits, out_splits)
         return grad_in, None, None, None
 
 
 class _AllReduceSum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, comm):
+    def forward(ctx: Any, x: torch.Tensor, comm: Communicator) -> torch.Tensor:
         ctx.comm = comm
         return comm.all_reduce(x.clone())
 
     @staticmethod
-    def backward(ctx, grad_out):
-        return ctx.comm.all_reduce(grad_out.clone()), None
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor, None]:
+        comm: Communicator = ctx.comm
+        return comm.all_reduce(grad_out.clone()), None
 
 
 def all_to_all_single_autograd(
@@ -535,9 +623,12 @@ def all_to_all_single_autograd(
     input_split_sizes: Sequence[int],
 ) -> torch.Tensor:
     """Differentiable uneven all-to-all along dim 0 (row splits, as `Communicator`)."""
-    return _AllToAllSingle.apply(x, comm, output_split_sizes, input_split_sizes)
+    # torch.autograd.Function.apply is untyped
+    out = _AllToAllSingle.apply(x, comm, output_split_sizes,  # type: ignore[no-untyped-call]
+                                input_split_sizes)
+    return cast(torch.Tensor, out)
 
 
 def all_reduce_autograd(x: torch.Tensor, comm: Communicator) -> torch.Tensor:
     """Differentiable sum all-reduce: y = sum over ranks of x; dx = sum over ranks of dy."""
-    return _AllReduceSum.apply(x, comm)
+    return cast(torch.Tensor, _AllReduceSum.apply(x, comm))  # type: ignore[no-untyped-call]

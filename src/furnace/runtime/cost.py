@@ -18,7 +18,13 @@ The models:
   across nodes, all-gather inside each node (the two-level scheme of NCCL and of
   BaGuaLu's design note C.3);
 - compute (Williams, Waterman and Patterson, "Roofline", CACM 2009): a kernel takes the
-  longer of its FLOPs at the device's peak and its bytes at the memory bandwidth.
+  longer of its FLOPs at the device's peak and its bytes at the memory bandwidth; where a
+  model assumes nothing overlaps (Ape's DSA time model, ICS '22 section 6.9), the sum of
+  each unit's operations at its rate and the bytes at the memory bandwidth.
+
+Byte counts are whole bytes in the collectives, as in `furnace.runtime.comm.traffic`; a
+fractional size (a share of a buffer that the group does not divide) is rounded up, since
+the rank with the largest share paces the ring.
 """
 
 from __future__ import annotations
@@ -27,7 +33,12 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Literal, Protocol
 
+import numpy as np
+import numpy.typing as npt
+
 if TYPE_CHECKING:
+    import torch
+
     from .comm import Traffic
     from .topology import Device, Topology
 
@@ -40,8 +51,10 @@ __all__ = [
     "group_collective_time",
     "hierarchical_all_reduce_time",
     "link_time",
+    "link_time_array",
     "log_levels",
     "roofline_time",
+    "serial_compute_time",
     "traffic_time",
     "tree_depth",
 ]
@@ -50,6 +63,8 @@ Algorithm = Literal["ring", "tree"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree")
 # ops whose ring and tree algorithms differ in this model; the others have one algorithm
 _TREE_OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+# the ops of `furnace.runtime.comm.OPS` that a whole group takes part in
+COLLECTIVES: tuple[str, ...] = (*_TREE_OPS, "all_to_all_single", "barrier")
 
 
 class LinkLike(Protocol):
@@ -67,6 +82,8 @@ def alpha_beta(num_bytes: float, *, latency_s: float, bandwidth_Bps: float,
     """``messages * latency_s + num_bytes / bandwidth_Bps``: the Hockney model."""
     if bandwidth_Bps <= 0:
         raise ValueError(f"bandwidth_Bps must be > 0, got {bandwidth_Bps}")
+    if num_bytes < 0 or messages < 0:
+        raise ValueError(f"num_bytes and messages must be >= 0, got {num_bytes}, {messages}")
     return messages * latency_s + num_bytes / bandwidth_Bps
 
 
@@ -74,6 +91,20 @@ def link_time(link: LinkLike, num_bytes: float, messages: float = 1.0) -> float:
     """Seconds for ``messages`` messages carrying ``num_bytes`` in all over ``link``."""
     return alpha_beta(num_bytes, latency_s=link.latency_s, bandwidth_Bps=link.bandwidth_Bps,
                       messages=messages)
+
+
+def link_time_array(link: LinkLike, num_bytes: npt.ArrayLike,
+                    messages: npt.ArrayLike = 1.0) -> npt.NDArray[np.float64]:
+    """`link_time` elementwise over arrays of byte and message counts, in float64.
+
+    The same arithmetic in the same order as `link_time`, so an element equals the scalar
+    call on it. The values are not checked (this sits in the inner loop of FasterMoE's
+    shadow search); callers mask out empty transfers themselves.
+    """
+    if link.bandwidth_Bps <= 0:
+        raise ValueError(f"bandwidth_Bps must be > 0, got {link.bandwidth_Bps}")
+    return (np.asarray(messages, dtype=np.float64) * link.latency_s
+            + np.asarray(num_bytes, dtype=np.float64) / link.bandwidth_Bps)
 
 
 def tree_depth(group_size: int) -> int:
@@ -117,27 +148,32 @@ def collective_time(op: str, num_bytes: float, group_size: int, link: LinkLike, 
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {ALGORITHMS}, got {algorithm!r}")
+    if op not in COLLECTIVES:
+        raise ValueError(f"op must be one of the collectives {COLLECTIVES}, got {op!r}")
     p = int(group_size)
     if p < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if num_bytes < 0:
+        raise ValueError(f"num_bytes must be >= 0, got {num_bytes}")
     if p == 1:
         return 0.0
+    # whole bytes, rounded up (module docstring); an integral size is left as it is
+    size = math.ceil(num_bytes)
     if algorithm == "tree" and op in _TREE_OPS:
         depth = tree_depth(p)
         if op in ("broadcast", "reduce"):
-            return link_time(link, depth * num_bytes, depth)
+            return link_time(link, depth * size, depth)
         if op == "all_reduce":
             # binomial reduce to rank 0, then binomial broadcast back
-            return link_time(link, 2 * depth * num_bytes, 2 * depth)
+            return link_time(link, 2 * depth * size, 2 * depth)
         # recursive doubling (all_gather) or halving (reduce_scatter): the ring's bytes
-        return link_time(link, (p - 1) * num_bytes, depth)
+        return link_time(link, (p - 1) * size, depth)
     from .comm import traffic
 
     if op == "all_to_all_single":
-        tr = traffic(op, rank=0, world_size=p, send_bytes=[int(num_bytes)] * p,
-                     recv_bytes=[int(num_bytes)] * p)
+        tr = traffic(op, rank=0, world_size=p, send_bytes=[size] * p, recv_bytes=[size] * p)
     else:
-        tr = traffic(op, rank=0, world_size=p, nbytes=int(num_bytes))
+        tr = traffic(op, rank=0, world_size=p, nbytes=size)
     return traffic_time(tr, link)
 
 
@@ -165,15 +201,48 @@ def hierarchical_all_reduce_time(num_bytes: float, *, ranks_per_node: int, num_n
 
 
 def roofline_time(device: Device, flops: float, bytes_moved: float = 0.0,
-                  dtype: str = "float32") -> float:
+                  dtype: torch.dtype | str = "float32") -> float:
     """The roofline: the longer of ``flops`` at the device's peak for ``dtype`` and
     ``bytes_moved`` at its memory bandwidth."""
-    compute = flops / device.flops(dtype) if flops else 0.0
+    if flops < 0 or bytes_moved < 0:
+        raise ValueError(f"flops and bytes_moved must be >= 0, got {flops}, {bytes_moved}")
+    # looked up even for no FLOPs, so a dtype the device lacks is an error either way
+    peak = device.flops(dtype)
+    compute = flops / peak
     memory = bytes_moved / device.memory_bandwidth_Bps if bytes_moved else 0.0
     return max(compute, memory)
+
+
+def serial_compute_time(ops_at_rates: Iterable[tuple[float, float]], bytes_moved: float = 0.0,
+                        memory_bandwidth_Bps: float | None = None) -> float:
+    """No overlap: the sum of each unit's operations at its rate, then ``bytes_moved`` at
+    ``memory_bandwidth_Bps``.
+
+    ``ops_at_rates``: (operations, operations per second) per unit, summed in that order. A
+    unit with no operations costs nothing and needs no rate; memory traffic needs a
+    bandwidth. Where compute and traffic do overlap, `roofline_time` is the model.
+    """
+    seconds = 0.0
+    for ops, rate in ops_at_rates:
+        if ops < 0:
+            raise ValueError(f"operation counts must be >= 0, got {ops}")
+        if ops == 0:
+            continue
+        if rate <= 0:
+            raise ValueError(f"a unit with work needs a rate > 0, got {rate}")
+        seconds += ops / rate
+    if bytes_moved < 0:
+        raise ValueError(f"bytes_moved must be >= 0, got {bytes_moved}")
+    if bytes_moved:
+        if memory_bandwidth_Bps is None or memory_bandwidth_Bps <= 0:
+            raise ValueError(f"memory traffic needs a bandwidth > 0, got {memory_bandwidth_Bps}")
+        seconds += bytes_moved / memory_bandwidth_Bps
+    return seconds
 
 
 def log_levels(group_size: int) -> float:
     """``log2 p`` levels of a latency-bound reduction (0 on one rank); the real-valued form
     that fitted models use, where `tree_depth` is the integer step count."""
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
     return math.log2(group_size) if group_size > 1 else 0.0

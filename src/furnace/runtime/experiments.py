@@ -12,7 +12,6 @@ the longer of the two, not their sum.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
@@ -21,6 +20,7 @@ from .launch import run_distributed
 from .netem import NetworkEmulation, NetworkEmulator
 from .presets import emulated_link
 from .reproduce import Claim, Experiment, Result, RunContext, Table
+from .timing import stopwatch, time_call
 
 MEASURED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
                 "all_to_all_single", "send/recv")
@@ -77,9 +77,9 @@ def _measure_rank(rank: int, world_size: int, *, mode: str | None, sizes: list[i
                 # an emulated barrier ends at the same modelled instant on every rank
                 comm.barrier()
                 before = len(comm.log)
-                t0 = time.perf_counter()
-                run_op(comm, op, numel)
-                wall = time.perf_counter() - t0
+                with stopwatch() as lap:
+                    run_op(comm, op, numel)
+                wall = lap.seconds
                 mine = comm.log.records[before:]
                 modelled = sum(r.modelled_s for r in mine) if network and mine else None
                 rows.append({"op": op, "bytes": 4 * numel, "rep": rep, "wall_s": wall,
@@ -92,21 +92,17 @@ def _overlap_rank(rank: int, world_size: int, *, bandwidth: float, latency: floa
     topo = emulated_link(bandwidth_Bps=bandwidth, latency_s=latency)
     comm = Communicator(network=NetworkEmulator(NetworkEmulation(topology=topo)))
     a = torch.randn(256, 256)
-    t0 = time.perf_counter()
-    for _ in range(10):
-        a @ a
+    per_matmul = time_call(lambda: a @ a, repeats=1, warmup=0, number=10).min
     # as many matmuls as take about compute_s here, so compute and transfer are comparable
-    matmuls = max(10, int(compute_s / ((time.perf_counter() - t0) / 10)))
+    matmuls = max(10, int(compute_s / per_matmul))
 
     def compute() -> None:
         for _ in range(matmuls):
             a @ a
 
     def timed(fn) -> float:
-        comm.barrier()
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+        # one run each, after a barrier so both ranks start together
+        return time_call(fn, repeats=1, warmup=0, setup=comm.barrier).min
 
     def overlapped() -> None:
         handle = comm.all_reduce(torch.zeros(numel), async_op=True)

@@ -18,7 +18,8 @@ rendezvous store is bound to 127.0.0.1 and gloo to the loopback interface. Bindi
 
 `init_from_env` makes the same code run unchanged under ``torchrun`` (NCCL when CUDA is
 available, gloo otherwise); used as ``with init_from_env() as ctx:`` it destroys the group
-after a barrier when the block ends, normally or by an exception.
+after a barrier when the block ends, normally or by an exception. Every entry point that
+joins a process group does so in that with-block.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 import ctypes
 import faulthandler
 import ipaddress
+import itertools
 import multiprocessing as mp
 import os
 import pickle
@@ -38,16 +40,23 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import Queue
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeAlias
 
 import torch
 import torch.distributed as dist
 
 from .signals import sigterm_exits
+
+# torch_threads lives with the timing harness; it is re-exported here for existing callers
+from .timing import torch_threads
 
 __all__ = [
     "DistributedContext",
@@ -59,22 +68,18 @@ __all__ = [
     "torch_threads",
 ]
 
+# what a rank reports to the parent: ("ok", rank, pickled value) or ("error", rank, traceback)
+Report = tuple[str, int, Any]
+# monotonic seconds of each rank's last heartbeat, a shared array of doubles (mp.Array)
+Heartbeats: TypeAlias = "ctypes.Array[ctypes.c_double]"
+
 LOOPBACK = "127.0.0.1"
 # a rank's heartbeat thread writes this often; the parent allows liveness_timeout_s of silence
 HEARTBEAT_PERIOD_S = 0.5
 # on the error path a barrier must not wait long: the peers may be the ones that failed
 ERROR_BARRIER_TIMEOUT_S = 5.0
-
-
-@contextlib.contextmanager
-def torch_threads(num_threads: int) -> Iterator[None]:
-    """Run the block with ``num_threads`` torch intra-op threads, then restore the count."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(num_threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+# the collective timeout of a group that init_from_env creates, unless told otherwise
+DEFAULT_TIMEOUT_S = 300.0
 
 
 class DistributedError(RuntimeError):
@@ -138,15 +143,34 @@ def _listening_store(host: str, world_size: int, timeout: timedelta) -> dist.TCP
     return store
 
 
-def _barrier_then_destroy(timeout_s: float) -> None:
+def _store_barrier(store: dist.Store, world_size: int, timeout: timedelta) -> None:
+    """Return once all ``world_size`` ranks have called this on ``store``; raise after
+    ``timeout``. It runs no collective, so a peer blocked inside one does not stall it, and
+    the bound holds on every rank (gloo's monitored barrier enforces it on rank 0 only)."""
+    if store.add("arrived", 1) == world_size:
+        store.set("all", "1")
+    store.wait(["all"], timeout)
+
+
+def _barrier_then_destroy(timeout_s: float, *, failed: bool = False,
+                          barrier_store: dist.Store | None = None) -> None:
     """End a process group: a barrier bounded by ``timeout_s`` (naming a missing rank on
     gloo), then destroy it. Failures of the barrier are swallowed, since this runs on the
-    error path too, where the caller's own exception is the one to report."""
+    error path too, where the caller's own exception is the one to report.
+
+    After a failure (``failed``) the ranks meet at ``barrier_store`` instead: a healthy
+    peer may be blocked in a collective that waits for this rank, and only this rank
+    destroying its group (closing its connections) releases it. A collective barrier would
+    deadlock with it until the group's timeout.
+    """
     if not dist.is_initialized():
         return
+    timeout = timedelta(seconds=timeout_s)
     try:
-        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
-            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+        if failed and barrier_store is not None:
+            _store_barrier(barrier_store, dist.get_world_size(), timeout)
+        elif dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+            dist.monitored_barrier(timeout=timeout)
         else:
             dist.barrier()
     except Exception:
@@ -163,8 +187,11 @@ class DistributedContext:
     """What an entry point needs to know about its process group.
 
     Used as a context manager (``with init_from_env() as ctx:``) it ends the group on leaving
-    the block: a barrier, then ``destroy_process_group``, on success and on error. A group
-    that was already initialised when `init_from_env` was called is left to its owner.
+    the block: a barrier (bounded by ``timeout_s``, or by ERROR_BARRIER_TIMEOUT_S when the
+    block raised, since the peers may be the ranks that failed), then
+    ``destroy_process_group``, on success and on error. A group that already existed when
+    `init_from_env` was called is not owned (``owns_group`` is False) and is left to its
+    owner.
     """
 
     rank: int
@@ -173,14 +200,19 @@ class DistributedContext:
     backend: str
     device: torch.device
     owns_group: bool = field(default=False, compare=False)
-    timeout_s: float = field(default=300.0, compare=False)
+    timeout_s: float = field(default=DEFAULT_TIMEOUT_S, compare=False)
+    # where the ranks of an owned group meet after an error (see _barrier_then_destroy)
+    barrier_store: dist.Store | None = field(default=None, compare=False, repr=False)
 
     def __enter__(self) -> DistributedContext:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self.owns_group:
-            _barrier_then_destroy(ERROR_BARRIER_TIMEOUT_S if exc_type else self.timeout_s)
+            failed = exc_type is not None
+            _barrier_then_destroy(ERROR_BARRIER_TIMEOUT_S if failed else self.timeout_s,
+                                  failed=failed, barrier_store=self.barrier_store)
 
 
 def is_torchrun() -> bool:
@@ -188,23 +220,36 @@ def is_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> DistributedContext:
+def init_from_env(*, backend: str | None = None,
+                  timeout_s: float | None = None) -> DistributedContext:
     """Join the process group described by torchrun's environment.
 
-    Picks NCCL (one GPU per local rank) when CUDA is available and gloo otherwise. Without
-    a launcher's environment it starts a one-rank gloo group on loopback, so a script
-    written for torchrun also runs as a plain ``python`` command. ``timeout_s`` bounds every
-    collective. Use the result as a context manager to destroy the group after a barrier.
+    Use the result as a context manager, ``with init_from_env() as ctx:``, so that the group
+    is destroyed after a barrier when the block ends, normally or by an exception.
+
+    Without a launcher's environment it starts a one-rank group on loopback, so a script
+    written for torchrun also runs as a plain ``python`` command.
+
+    If a process group already exists (a `run_distributed` rank, a test, an outer
+    ``with init_from_env()``), the returned context describes that group but does not own
+    it: leaving the block neither barriers nor destroys it. That keeps code written for
+    torchrun callable where a group is already set up, and destroying a group under its
+    owner would break the owner's next collective and its own teardown. The existing
+    group's backend and timeout cannot change, so a ``backend`` that differs from it, or
+    any ``timeout_s``, is ignored with a warning.
+
+    Args:
+        backend: "nccl" (one GPU per local rank) or "gloo"; default NCCL when CUDA is
+            available, gloo otherwise.
+        timeout_s: bounds every collective of the new group and the barrier at the end of
+            the block (default DEFAULT_TIMEOUT_S).
     """
-    if timeout_s <= 0:
+    if timeout_s is not None and timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if dist.is_initialized():
-        rank, world_size = dist.get_rank(), dist.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", rank))
-        backend = dist.get_backend()
-        device = _device_for(backend, local_rank)
-        return DistributedContext(rank, world_size, local_rank, backend, device,
-                                  owns_group=False, timeout_s=timeout_s)
+        return _join_existing(backend, timeout_s)
+    if timeout_s is None:
+        timeout_s = DEFAULT_TIMEOUT_S
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = timedelta(seconds=timeout_s)
@@ -219,7 +264,12 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
             # every rank on this machine (torchrun --standalone, or one node): loopback serves
             single_node = int(os.environ.get("LOCAL_WORLD_SIZE", -1)) == world_size
             _bind_gloo(LOOPBACK if single_node else os.environ.get("MASTER_ADDR", ""))
-        dist.init_process_group(backend, timeout=timeout)
+        # the rendezvous that init_process_group(init_method="env://") does, kept here so
+        # that the end-of-block barrier can meet at the same store
+        store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
+        store.set_timeout(timeout)
+        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
+                                rank=rank, world_size=world_size, timeout=timeout)
     else:
         rank, world_size, local_rank = 0, 1, 0
         device = _device_for(backend, 0)
@@ -228,7 +278,39 @@ def init_from_env(*, backend: str | None = None, timeout_s: float = 300.0) -> Di
         store = _listening_store(LOOPBACK, 1, timeout)
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
     return DistributedContext(rank, world_size, local_rank, backend, device,
-                              owns_group=True, timeout_s=timeout_s)
+                              owns_group=True, timeout_s=timeout_s,
+                              barrier_store=_end_of_group_store(store))
+
+
+# groups this process has created with init_from_env; every rank counts the same sequence
+_groups_created = itertools.count()
+
+
+def _end_of_group_store(store: dist.Store) -> dist.Store:
+    """A namespace of ``store`` for one group's end-of-block barrier. A launcher's store
+    outlives a group (a process may create several, torchrun may restart the workers), so
+    the name carries the restart and the group's number."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"furnace/end-of-group/{restart}/{next(_groups_created)}", store)
+
+
+def _join_existing(backend: str | None, timeout_s: float | None) -> DistributedContext:
+    """A context on the group some other code initialised; it leaves the group to that code."""
+    existing = str(dist.get_backend())
+    # stacklevel 3: the warning names init_from_env's caller, the line that passed the value
+    if backend is not None and backend != existing:
+        warnings.warn(f"init_from_env: backend={backend!r} is ignored: a process group "
+                      f"already exists with backend {existing!r}, and it is used as it is",
+                      RuntimeWarning, stacklevel=3)
+    if timeout_s is not None:
+        warnings.warn(f"init_from_env: timeout_s={timeout_s:g} is ignored: a process group "
+                      "already exists, and its collectives keep the timeout it was created "
+                      "with", RuntimeWarning, stacklevel=3)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    return DistributedContext(rank, world_size, local_rank, existing,
+                              _device_for(existing, local_rank), owns_group=False,
+                              timeout_s=DEFAULT_TIMEOUT_S if timeout_s is None else timeout_s)
 
 
 def _device_for(backend: str, local_rank: int) -> torch.device:
@@ -292,10 +374,12 @@ def run_distributed(
                          collective_timeout_s or timeout_s, liveness_timeout_s, bind_address)
 
 
-def _run_once(fn, world_size, args, kwargs, backend, timeout_s, num_threads,
-              collective_timeout_s, liveness_timeout_s, bind_address) -> list[Any]:
+def _run_once(fn: Callable[..., Any], world_size: int, args: tuple[Any, ...],
+              kwargs: dict[str, Any], backend: str, timeout_s: float, num_threads: int | None,
+              collective_timeout_s: float, liveness_timeout_s: float,
+              bind_address: str) -> list[Any]:
     ctx = mp.get_context("spawn")
-    results: mp.Queue = ctx.Queue()
+    results: Queue[Report] = ctx.Queue()
     # monotonic seconds of each rank's last heartbeat; 0 until its first one
     heartbeats = ctx.Array("d", world_size, lock=False)
     collective_timeout = timedelta(seconds=max(collective_timeout_s, 1.0))
@@ -339,10 +423,11 @@ _STATE_WORDS = {"T": "stopped by a signal", "t": "stopped by a debugger",
                 "D": "in uninterruptible I/O", "Z": "a zombie"}
 
 
-def _stuck_ranks(procs, heartbeats, done, liveness_timeout_s: float) -> dict[int, str]:
+def _stuck_ranks(procs: Sequence[BaseProcess], heartbeats: Heartbeats, done: set[int],
+                 liveness_timeout_s: float) -> dict[int, str]:
     """Ranks that started but whose heartbeat has been silent too long, with a reason."""
     now = time.monotonic()
-    stuck = {}
+    stuck: dict[int, str] = {}
     for r, proc in enumerate(procs):
         if r in done or not proc.is_alive() or heartbeats[r] == 0.0:
             continue
@@ -354,7 +439,8 @@ def _stuck_ranks(procs, heartbeats, done, liveness_timeout_s: float) -> dict[int
     return stuck
 
 
-def _collect(procs, results, world_size, timeout_s, liveness_timeout_s, heartbeats,
+def _collect(procs: Sequence[BaseProcess], results: Queue[Report], world_size: int,
+             timeout_s: float, liveness_timeout_s: float, heartbeats: Heartbeats,
              stack_dir: Path) -> list[Any]:
     deadline = time.monotonic() + timeout_s
     outputs: dict[int, Any] = {}
@@ -396,7 +482,8 @@ def _collect(procs, results, world_size, timeout_s, liveness_timeout_s, heartbea
     return [outputs[r] for r in range(world_size)]
 
 
-def _failure(world_size: int, errors: dict[int, str], dead: list[int], procs) -> DistributedError:
+def _failure(world_size: int, errors: dict[int, str], dead: list[int],
+             procs: Sequence[BaseProcess]) -> DistributedError:
     parts = [f"rank {r} of {world_size} died with exit code {procs[r].exitcode} "
              "(no Python exception)" for r in dead]
     parts += [f"rank {r} of {world_size} raised:\n{tb}" for r, tb in errors.items()]
@@ -405,11 +492,12 @@ def _failure(world_size: int, errors: dict[int, str], dead: list[int], procs) ->
     return DistributedError("\n".join(parts), ranks=list(errors)[:1], kind="exception")
 
 
-def _dump_stacks(procs, ranks: list[int], stack_dir: Path) -> str:
+def _dump_stacks(procs: Sequence[BaseProcess], ranks: list[int], stack_dir: Path) -> str:
     for r in ranks:
-        if procs[r].is_alive() and procs[r].pid is not None:
+        pid = procs[r].pid
+        if procs[r].is_alive() and pid is not None:
             try:
-                os.kill(procs[r].pid, signal.SIGUSR1)
+                os.kill(pid, signal.SIGUSR1)
             except ProcessLookupError:
                 pass
     time.sleep(0.5)
@@ -428,7 +516,7 @@ def _own_thread_stack(text: str) -> str:
     return (main[-1] if main else text)[-4000:]
 
 
-def _reap(procs) -> None:
+def _reap(procs: Sequence[BaseProcess]) -> None:
     procs = [p for p in procs if p.pid is not None]  # a start that failed leaves none
     # ranks that reported get a moment to finish their barrier and destroy their group
     deadline = time.monotonic() + 5.0
@@ -438,8 +526,9 @@ def _reap(procs) -> None:
     for proc in procs:
         if proc.is_alive():
             # a stopped process would not act on SIGTERM until continued
-            with contextlib.suppress(ProcessLookupError, TypeError):
-                os.kill(proc.pid, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):
+                if proc.pid is not None:
+                    os.kill(proc.pid, signal.SIGCONT)
             proc.terminate()
     for proc in procs:
         proc.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -460,14 +549,16 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)  # the parent died before the request was in place
 
 
-def _heartbeat(heartbeats, rank: int) -> None:
+def _heartbeat(heartbeats: Heartbeats, rank: int) -> None:
     while True:
         heartbeats[rank] = time.monotonic()
         time.sleep(HEARTBEAT_PERIOD_S)
 
 
-def _worker(fn, rank, world_size, args, kwargs, backend, host, port, collective_timeout,
-            num_threads, results, stack_dir, heartbeats, parent_pid) -> None:
+def _worker(fn: Callable[..., Any], rank: int, world_size: int, args: tuple[Any, ...],
+            kwargs: dict[str, Any], backend: str, host: str, port: int,
+            collective_timeout: timedelta, num_threads: int | None, results: Queue[Report],
+            stack_dir: str, heartbeats: Heartbeats, parent_pid: int) -> None:
     stack_file = open(os.path.join(stack_dir, f"rank{rank}.stack"), "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     _die_with_parent(parent_pid)
@@ -499,6 +590,7 @@ def _worker(fn, rank, world_size, args, kwargs, backend, host, port, collective_
         results.put(("error", rank, traceback.format_exc()))
     finally:
         _barrier_then_destroy(ERROR_BARRIER_TIMEOUT_S if failed
-                              else collective_timeout.total_seconds())
+                              else collective_timeout.total_seconds(), failed=failed,
+                              barrier_store=dist.PrefixStore("furnace/end-of-group", store))
         sys.stdout.flush()
         sys.stderr.flush()

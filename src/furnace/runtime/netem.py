@@ -17,7 +17,8 @@ The model (design note `moe_bagualu.md` C.3): each rank's link is a FIFO. An op 
 at ``now`` starts at ``start = max(now, link_free)``. Its duration is, for each link
 class it crosses, ``steps * alpha + max(bytes sent, bytes received) / beta``, taking the
 slowest class (a ring collective runs at the pace of the slowest link in its group; a
-direct exchange uses each peer's own link, in parallel). A collective ends for every
+direct exchange uses each peer's own link, in parallel; `furnace.runtime.cost`'s
+`traffic_time` and `direct_exchange_time`). A collective ends for every
 member at ``max(start) + max(duration)`` over its members, which the emulator learns by
 one extra small all-reduce per collective (control traffic: not logged, not modelled).
 A point-to-point message ends at the sender's modelled end, which travels to the
@@ -33,7 +34,8 @@ from typing import TYPE_CHECKING, Literal
 import torch
 import torch.distributed as dist
 
-from .topology import Topology
+from .cost import direct_exchange_time, traffic_time
+from .topology import LinkLevel, Topology
 
 if TYPE_CHECKING:
     from .comm import Communicator, Traffic
@@ -83,7 +85,7 @@ class _Pending:
     kind: str
     end: float = 0.0
     control: torch.Tensor | None = None
-    work: object | None = None
+    work: dist.Work | None = None
 
 
 class NetworkEmulator:
@@ -144,8 +146,8 @@ class NetworkEmulator:
             level = topo.slowest_level(global_ranks)
             if level is None:
                 return 0.0
-            return topo.link_for(level).time(max(tr.bytes_sent, tr.bytes_received), tr.steps)
-        per_level: dict[str, list[int]] = {}
+            return traffic_time(tr, topo.link_for(level))
+        per_level: dict[LinkLevel, list[int]] = {}
         for peer, sent, received in tr.peers:
             if me is not None and peer == me:
                 continue
@@ -153,10 +155,8 @@ class NetworkEmulator:
             acc = per_level.setdefault(level, [0, 0])
             acc[0] += sent
             acc[1] += received
-        return max(
-            (topo.link_for(lvl).time(max(s, r), tr.steps) for lvl, (s, r) in per_level.items()),
-            default=0.0,
-        )
+        levels = [(topo.link_for(lvl), s, r) for lvl, (s, r) in per_level.items()]
+        return direct_exchange_time(levels, tr.steps)
 
     def begin(self, tr: Traffic, comm: Communicator, *, kind: str,
               peer: int | None = None) -> _Pending:
@@ -165,7 +165,8 @@ class NetworkEmulator:
         pending = _Pending(issued=now, kind=kind)
         if kind == "recv":
             pending.control = torch.zeros(1, dtype=torch.float64, device=comm.device)
-            pending.work = dist.irecv(pending.control, comm.global_rank(peer), group=comm.group)
+            pending.work = dist.irecv(pending.control, _peer_rank(comm, peer, kind),
+                                      group=comm.group)
             return pending
         start = max(now, self.link_free)
         duration = self.duration(tr, comm.global_ranks)
@@ -173,7 +174,8 @@ class NetworkEmulator:
             pending.end = start + duration
             self.link_free = pending.end
             pending.control = torch.tensor([pending.end], dtype=torch.float64, device=comm.device)
-            pending.work = dist.isend(pending.control, comm.global_rank(peer), group=comm.group)
+            pending.work = dist.isend(pending.control, _peer_rank(comm, peer, kind),
+                                      group=comm.group)
             return pending
         # provisional until the members' starts and durations are known
         self.link_free = start + duration
@@ -194,6 +196,7 @@ class NetworkEmulator:
         if pending.work is not None:
             pending.work.wait()
         if pending.kind == "recv":
+            assert pending.control is not None  # a recv always waits for its control message
             end = max(float(pending.control[0]), pending.issued)
         elif pending.kind == "send":
             end = pending.end
@@ -211,3 +214,10 @@ class NetworkEmulator:
                 time.sleep(remaining)
         self.comm_wait_s += max(0.0, end - before)
         return end - pending.issued
+
+
+def _peer_rank(comm: Communicator, peer: int | None, kind: str) -> int:
+    """The global rank of a point-to-point op's group-local ``peer``."""
+    if peer is None:
+        raise ValueError(f"{kind} needs a peer")
+    return comm.global_rank(peer)

@@ -13,13 +13,17 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .timing import time_call
 from .topology import Device, Link, Topology
+
+if TYPE_CHECKING:
+    from .calibrate import CalibrationCache
 
 GB = 1e9
 TFLOPS = 1e12
@@ -161,15 +165,63 @@ def cascade_lake_cluster(*, ranks_per_node: int = 56) -> Topology:
     )
 
 
-def this_cpu(*, calibration: dict | None = None) -> Topology:
+def stampede2_skx(
+    *,
+    ranks_per_node: int = 48,
+    node_bandwidth_Bps: float = 12.5 * GB,
+    latency_s: float = 2e-6,
+) -> Topology:
+    """A Stampede2 SKX node class, as the SC'18 NormalModes runs used it (48 ranks a node).
+
+    Shi, Li, Xi, Saad, de Hoop (SC'18) ran 192-1536 MPI processes at 48 per node, one per
+    core of the two 24-core Xeon Platinum 8160 (2.1 GHz nominal, two AVX-512 FMA units:
+    32 fp64 FLOP/cycle) of a Stampede2 SKX node, with 192 GB of DDR4 on 6 DDR4-2666
+    channels per socket (256 GB/s a node); the fabric is 100 Gb/s Omni-Path (12.5 GB/s a
+    node, shared by its ranks, so ``inter_node`` is one rank's share). The per-message
+    latency is an assumption; so is pricing a rank's traffic to a rank of its own node at
+    the node link, an upper bound (the eigensolver projection charges every halo byte
+    to the link). Used by `furnace.eigen.costmodel.ClusterAssumptions`.
+    """
+    ghz = 2.1e9
+    node_link = Link(
+        name="Omni-Path 100 Gb/s, one rank's share",
+        latency_s=latency_s,
+        bandwidth_Bps=node_bandwidth_Bps / ranks_per_node,
+    )
+    return Topology(
+        name="stampede2-skx",
+        device=Device(
+            name="Xeon Platinum 8160 core (Stampede2 SKX)",
+            peak_flops={"float64": 32 * ghz, "float32": 64 * ghz},
+            memory_bytes=192 * GB / ranks_per_node,
+            memory_bandwidth_Bps=256 * GB / ranks_per_node,
+        ),
+        ranks_per_node=ranks_per_node,
+        intra_node=node_link,
+        inter_node=node_link,
+        source="Stampede2 user guide (SKX nodes: 2 x Xeon Platinum 8160, 192 GB, 100 Gb/s "
+        "Omni-Path) and Shi et al. SC'18 (48 ranks a node); latency "
+        f"{latency_s * 1e6:g} us assumed, intra-node traffic priced at the node link",
+    )
+
+
+def this_cpu(*, calibration: dict | None = None,
+             cache: CalibrationCache | None = None) -> Topology:
     """This machine as measured by ``furnace info --calibrate`` (one rank per core).
 
-    Without a saved calibration it measures the compute figures now (about a second)
-    and takes the loopback link as unmeasured (1 GB/s, 50 us, marked as such).
+    ``calibration`` is a record to use as given; otherwise it is read from ``cache``
+    (default `CalibrationCache.default()`, ~/.cache/furnace/calibration.json;
+    `CalibrationCache.disabled()` reads none). Without a saved calibration it measures
+    the compute figures now (about a second) and takes the loopback link as unmeasured
+    (1 GB/s, 50 us, marked as such).
     """
-    from .calibrate import load_or_measure
+    from .calibrate import CalibrationCache, load_or_measure
 
-    cal = calibration if calibration is not None else load_or_measure(quick=True)
+    if calibration is None:
+        if cache is None:
+            cache = CalibrationCache.default()
+        calibration = load_or_measure(cache, quick=True)
+    cal = calibration
     link = cal.get("loopback")
     if link:
         loopback = Link(
@@ -224,6 +276,15 @@ def emulated_link(
         inter_node=link,
         source="a synthetic link for emulation",
     )
+
+
+# Fixed cost of one exchange step of FasterMoE's smart schedule on a GPU cluster, beyond
+# the link's alpha: launching and synchronising one collective. ASSUMED, not measured: an
+# NCCL-scale figure (tens of microseconds per collective launch) that no source we hold
+# gives for the V100 testbed; the MoE simulator's projections (`furnace.moe.simulate`) use
+# it so that pipelines of many tiny steps lose. Emulated runs measure their own instead
+# (`furnace.moe.bench._measure_step_overhead`).
+GPU_EXCHANGE_STEP_OVERHEAD_S = 20e-6
 
 
 PRESETS: dict[str, Callable[..., Topology]] = {
@@ -370,15 +431,9 @@ def toy_dsa() -> DSAProfile:
 
 
 def _best_rate(fn: Callable[[], object], ops: float, budget_s: float) -> float:
-    fn()
-    best = float("inf")
-    deadline = time.perf_counter() + budget_s
-    while True:
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-        if time.perf_counter() > deadline:
-            return ops / max(best, 1e-9)
+    # best of as many calls as fit in budget_s, after one warm-up call
+    best = time_call(fn, repeats=1, warmup=1, min_time_s=budget_s).min
+    return ops / max(best, 1e-9)
 
 
 @functools.lru_cache(maxsize=1)

@@ -48,12 +48,16 @@ SYSTEM_NAMES = tuple(name for name, _ in SYSTEMS)
 
 @dataclass
 class Table:
-    """A result table; ``kind`` labels where its numbers come from."""
+    """A result table; ``kind`` labels where its numbers come from.
+
+    ``kind`` has no default: a table whose author forgot to say how its numbers were
+    obtained must fail to construct, not read as measured.
+    """
 
     title: str
     columns: list[str]
     rows: list[list[Any]]
-    kind: str = "measured"
+    kind: Kind
     note: str = ""
 
     def __post_init__(self) -> None:
@@ -80,7 +84,7 @@ class Claim:
     what: str
     paper: str
     ours: str
-    kind: str
+    kind: Kind
     source: str = ""
     holds: bool | None = None
 

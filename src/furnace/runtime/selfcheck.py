@@ -12,6 +12,8 @@ On GPUs (NCCL) the tensors live on each rank's device.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,7 +31,7 @@ def check_collectives(comm: Communicator, device: torch.device) -> list[str]:
         if not torch.equal(got.cpu(), want.cpu()):
             failures.append(f"rank {r}: {name} gave {got.tolist()}, expected {want.tolist()}")
 
-    def f64(values) -> torch.Tensor:
+    def f64(values: Sequence[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float64, device=device)
 
     n = 4 * p
@@ -63,16 +65,18 @@ def check_collectives(comm: Communicator, device: torch.device) -> list[str]:
     comm.barrier()
 
     for rec in comm.log.records:
-        model = _model_for(rec.op, rec, comm, n, send_rows, recv_rows)
-        if model is not None and (rec.bytes_sent, rec.bytes_received) != model:
+        model = _model_for(rec.op, comm, n, send_rows, recv_rows)
+        if (rec.bytes_sent, rec.bytes_received) != model:
             failures.append(f"rank {r}: {rec.op} logged {rec.bytes_sent}/{rec.bytes_received} "
                             f"bytes sent/received, model says {model[0]}/{model[1]}")
     return failures
 
 
-def _model_for(op, rec, comm, n, send_rows, recv_rows):
+def _model_for(op: str, comm: Communicator, n: int, send_rows: list[int],
+               recv_rows: list[int]) -> tuple[int, int]:
+    """The (bytes sent, bytes received) that the byte model gives ``op`` in this check."""
     p, r = comm.world_size, comm.rank
-    kw: dict = {}
+    kw: dict[str, Any] = {}
     if op == "all_reduce":
         kw = {"nbytes": 8 * n}
     elif op == "all_gather":
@@ -102,7 +106,7 @@ def main() -> int:
         comm = Communicator(name="world")
         failures = check_collectives(comm, ctx.device)
         merged = comm.log.gather()
-        all_failures: list = [None] * ctx.world_size
+        all_failures: list[list[str]] = [[] for _ in range(ctx.world_size)]
         dist.all_gather_object(all_failures, failures)
         flat = [f for part in all_failures for f in part]
         if ctx.rank == 0:

@@ -10,6 +10,8 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
+from types import FrameType
+from typing import NoReturn
 
 __all__ = ["sigterm_exits"]
 
@@ -31,7 +33,7 @@ def sigterm_exits() -> Iterator[None]:
         yield
         return
 
-    def _exit(signum, frame):
+    def _exit(signum: int, frame: FrameType | None) -> NoReturn:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)

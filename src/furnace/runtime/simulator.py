@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .atomic import atomic_write_text
 
@@ -533,14 +534,14 @@ class Timeline:
             heapq.heappush(busy, (st.end, lane))
         return rows, tid_of
 
-    def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict:
+    def to_chrome_trace(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """Chrome Trace Event Format dict (times in microseconds); written to ``path`` if given.
 
         One row (tid) per resource slot, so tasks sharing a capacity > 1 resource do not draw
         on top of each other; tasks without a resource go on the "(no resource)" row.
         """
         rows, tid_of = self._trace_rows()
-        events: list[dict] = [
+        events: list[dict[str, Any]] = [
             {"name": "process_name", "ph": "M", "pid": 0, "tid": 0, "args": {"name": "furnace"}}
         ]
         for tid, label in rows:

@@ -11,6 +11,7 @@ exactly zero, such as a gradient a path never reads, cannot make the ratio blow 
 from __future__ import annotations
 
 import random
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -21,6 +22,13 @@ __all__ = ["assert_close", "max_relative_error", "relative_error", "run_distribu
            "start_vector"]
 
 
+class Shaped(Protocol):
+    """A matrix or operator with a shape: an array, a scipy sparse matrix, a LinearOperator."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
 def seed_all(seed: int = 42) -> None:
     """Seed Python, NumPy and torch."""
     random.seed(seed)
@@ -28,7 +36,7 @@ def seed_all(seed: int = 42) -> None:
     torch.manual_seed(seed)
 
 
-def start_vector(matrix, seed: int = 0) -> np.ndarray:
+def start_vector(matrix: Shaped, seed: int = 0) -> np.ndarray:
     """A fixed random start for ARPACK (`scipy.sparse.linalg.eigsh`'s ``v0``).
 
     scipy >= 1.15 draws the default start from OS entropy, so a slow run cannot be replayed
@@ -52,8 +60,8 @@ def relative_error(reference: torch.Tensor, actual: torch.Tensor,
     if ref.shape != act.shape:
         raise AssertionError(f"shape mismatch: reference {tuple(ref.shape)}, "
                              f"actual {tuple(act.shape)}")
-    diff = torch.linalg.vector_norm(act - ref).item()
-    denominator = max(torch.linalg.vector_norm(ref).item(), scale or 0.0)
+    diff: float = torch.linalg.vector_norm(act - ref).item()
+    denominator: float = max(torch.linalg.vector_norm(ref).item(), scale or 0.0)
     if not denominator > 0:
         raise AssertionError("the reference is zero and no scale was given: pass scale= "
                              "(the inputs' magnitude) so the tolerance has a meaning")

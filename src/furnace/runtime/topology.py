@@ -10,7 +10,9 @@ machines the systems' papers ran on:
          -> the rest of the machine, on inter-node links tapered by ``oversubscription``
 
 Communication follows the alpha-beta model: a message of ``b`` bytes on a link takes
-``latency_s + b / bandwidth_Bps``. Presets with citations live in `presets.py`.
+``latency_s + b / bandwidth_Bps``, and compute the roofline; both formulas live in
+`furnace.runtime.cost`, which these types only describe the hardware for. Presets with
+citations live in `presets.py`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+
+from .cost import link_time, roofline_time
 
 LinkLevel = Literal["self", "intra_node", "inter_node", "inter_group"]
 
@@ -68,7 +72,7 @@ class Link:
 
     def time(self, num_bytes: float, num_messages: int = 1) -> float:
         """Seconds to move ``num_bytes`` as ``num_messages`` sequential messages."""
-        return num_messages * self.latency_s + num_bytes / self.bandwidth_Bps
+        return link_time(self, num_bytes, num_messages)
 
     def scaled(self, *, bandwidth: float = 1.0, latency: float = 1.0, name: str = "") -> Link:
         """A copy with bandwidth and latency multiplied by the given factors."""
@@ -114,8 +118,9 @@ class Device:
         return self.peak_flops[name]
 
     def compute_time(self, flops: float, dtype: torch.dtype | str = "float32") -> float:
-        """Seconds for ``flops`` floating-point operations at peak throughput."""
-        return flops / self.flops(dtype)
+        """Seconds for ``flops`` floating-point operations at peak throughput (the roofline
+        with no memory traffic)."""
+        return roofline_time(self, flops, dtype=dtype)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ DATA = Path(__file__).resolve().parent
 TINY = dict(task="swap", d_model=4, num_heads=2, num_layers=1, length=4, steps=2,
             batch_size=2, eval_sequences=2)
 # the same run as `furnace deltaformer train` flags (everything else at its default)
-TINY_ARGV = ["--task", "swap", "--d-model", "4", "--heads", "2", "--layers", "1",
+TINY_ARGV = ["--task", "swap", "--d-model", "4", "--num-heads", "2", "--num-layers", "1",
              "--length", "4", "--steps", "2", "--batch-size", "2", "--eval-sequences", "2"]
 
 

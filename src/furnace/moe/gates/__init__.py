@@ -1,13 +1,18 @@
-"""Routers for `MoELayer`, one per file on `BaseGate`; `make_gate` builds one by name."""
+"""Routers for `MoELayer`, one per file on `BaseGate`; `make_gate` builds one by name.
+
+`EmulatedRanksGate` is not in `GATES`: it wraps another gate to route one process's batch
+as if it came from several ranks.
+"""
 
 from __future__ import annotations
 
 from .base import BaseGate, GateContext, GateOutput, as_gate_output
+from .emulated_ranks import EmulatedRanksGate
 from .gshard import GShardGate
-from .naive import NaiveGate
 from .noisy import NoisyGate
 from .swipe import SwipeGate
 from .switch import SwitchGate
+from .topk import NaiveGate
 from .topology import TopologyGate
 from .zero import ZeroGate
 
@@ -34,6 +39,7 @@ def make_gate(name: str, d_model: int, num_experts: int, top_k: int, **kwargs) -
 __all__ = [
     "GATES",
     "BaseGate",
+    "EmulatedRanksGate",
     "GShardGate",
     "GateContext",
     "GateOutput",

@@ -1,4 +1,9 @@
-"""Naive top-k gate (FastMoE's `NaiveGate`): the k largest logits, softmax over those k."""
+"""The plain top-k gate (FastMoE's `NaiveGate`): the k largest logits, softmax over those k.
+
+A production gate, the default of `MoELayer`, not a reference: the module is named for what
+it does, since ``naive.py`` names the slow references everywhere else in furnace. The class
+keeps FastMoE's name, and the registry name "naive", so FastMoE code finds it.
+"""
 
 from __future__ import annotations
 
