@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 demo: install
 	$(BIN)/furnace reproduce --quick --out results
 
+# mypy checks src/furnace: furnace.runtime strictly, the rest with mypy's default checks
+# (pyproject.toml, [tool.mypy])
 lint: install
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/mypy
 
 # The suite runs twice, with 2 and with 1 torch/OpenMP threads: kernels round differently
 # with the thread count (SDPA's backward, BLAS blocking), so a tolerance that only holds

@@ -38,12 +38,7 @@ SYSTEMS = LIBRARIES | APPLICATIONS
 
 # (importing module, imported module) pairs that break the public-API rule today, each
 # with why it is not fixed yet; the test fails when one disappears, so the list only shrinks
-KNOWN_PRIVATE_IMPORTS = {
-    # the SC'18 solver comparison (`ComparisonPencil`, `compare_solvers`) is a reproduce
-    # helper of eigen's experiments that normal_modes reuses for the unit ball; it belongs
-    # in furnace.eigen's public API once eigen's experiments are split (issue 12)
-    ("furnace.normal_modes.experiments", "furnace.eigen.experiments"),
-}
+KNOWN_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def _module_name(path: Path) -> str:

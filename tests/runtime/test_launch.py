@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -354,14 +355,13 @@ def _torchrun(tmp_path: Path, entry: str, *argv: str) -> str:
 
 
 def _outcomes(log: str) -> dict[int, tuple[str, str]]:
-    """Each rank's (how main ended, whether its group was still alive after main)."""
-    found = {}
-    for line in log.splitlines():
-        if line.startswith("rank ") and "group alive after main:" in line:
-            head, alive = line.split("; group alive after main: ")
-            rank, outcome = head.split(": main ")
-            found[int(rank.split()[1])] = (outcome, alive)
-    return found
+    """Each rank's (how main ended, whether its group was still alive after main).
+
+    Searched anywhere in the log: the ranks share torchrun's output, so a report may follow
+    another process's unterminated line."""
+    found = re.findall(r"rank (\d+): main (returned \d+|raised \w+); "
+                       r"group alive after main: (True|False)", log)
+    return {int(rank): (outcome, alive) for rank, outcome, alive in found}
 
 
 # every entry point that joins a process group under torchrun, on success and on an error

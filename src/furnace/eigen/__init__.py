@@ -6,6 +6,7 @@ Sci. Comput. 2019). See README.md for the algorithm and the symbol table.
 """
 
 from furnace.eigen.checks import PencilError, check_pencil
+from furnace.eigen.comparison import ComparisonPencil, compare_solvers
 from furnace.eigen.config import SolverConfig
 from furnace.eigen.dos import DensityOfStates, kpm_dos, slice_spectrum
 from furnace.eigen.filters import ChebFilter, damping_factors, find_polynomial
@@ -38,6 +39,7 @@ from furnace.eigen.solver import (
 __all__ = [
     "ChebFilter",
     "ChebyshevMassSolve",
+    "ComparisonPencil",
     "Counters",
     "DensityOfStates",
     "EigenResult",
@@ -55,6 +57,7 @@ __all__ = [
     "SlicePlan",
     "SolverConfig",
     "check_pencil",
+    "compare_solvers",
     "damping_factors",
     "eigsh_interval",
     "eigsh_interval_mpi",

@@ -78,7 +78,7 @@ def run_cli(mpiexec: str, ranks: int, a_path: Path, m_path: Path,
         cmd += ["--slices", str(slices)]
     if "--count-check" in cli_options():
         # the same completeness check as the serial comparisons (experiments.COUNT_CHECK)
-        from .experiments import COUNT_CHECK
+        from .comparison import COUNT_CHECK
 
         cmd += ["--count-check", COUNT_CHECK]
     json_path.unlink(missing_ok=True)

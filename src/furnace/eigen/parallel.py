@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -40,6 +41,7 @@ from .distributed import DistributedSpace, partition_rows
 from .operators import Counters, row_sums, scale_pencil
 from .solver import (
     EigenResult,
+    SlicesPairs,
     _merge_duplicates,
     _solve_slices,
     finish_result,
@@ -80,12 +82,14 @@ class ParallelLayout:
         elif own is not None and self.group_size != own:
             raise ValueError(f'mode "{self.mode}" uses group_size {own} on {self.num_ranks} '
                              f"ranks, got {self.group_size}")
+        assert self.group_size is not None  # set above when it was not given
         if self.group_size < 1 or self.num_ranks % self.group_size != 0:
             raise ValueError(f"group_size must divide the {self.num_ranks} ranks, got "
                              f"{self.group_size}")
 
     @property
     def num_groups(self) -> int:
+        assert self.group_size is not None  # __post_init__ sets it
         return self.num_ranks // self.group_size
 
 
@@ -127,17 +131,20 @@ def eigsh_interval_mpi(A, M, a: float, b: float, *, comm=None,
     counter = inertia_counter(A, M, config)
     if counter is not None and M is not None:
         _on_rank_zero(comm, counter.check_mass)
-    group = rank // layout.group_size
+    group_size = layout.group_size
+    assert group_size is not None  # Layout.__post_init__ sets it
+    group = rank // group_size
     counters = Counters()
-    group_comm = comm.Split(color=group, key=rank) if layout.group_size > 1 else None
+    group_comm = comm.Split(color=group, key=rank) if group_size > 1 else None
     try:
         pencil = _agreed(comm, lambda: scale_pencil(A, M, config, counters) if group_comm is None
                          else scale_pencil(A, M, config, counters, space=DistributedSpace(
-                             group_comm, partition_rows(A, M, layout.group_size), counters)))
+                             group_comm, partition_rows(A, M, group_size), counters)))
         counts = None if counter is None else _spread_counts(
             comm, counter, max(abs(pencil.lmin), abs(pencil.lmax)))
         plan = plan_slices(pencil, config, slices, dos_degree, dos_vectors, counts=counts,
                            share=lambda decide: comm.bcast(decide() if rank == 0 else None))
+        found: SlicesPairs | ValueError
         try:
             found = _solve_slices(pencil, config, plan,
                                   range(group, plan.num_slices, layout.num_groups))
@@ -147,6 +154,7 @@ def eigsh_interval_mpi(A, M, a: float, b: float, *, comm=None,
     finally:
         if group_comm is not None:
             group_comm.Free()
+    payload: str | tuple[Any, ...]
     if isinstance(found, ValueError):
         payload = str(found)
     else:

@@ -357,7 +357,8 @@ class LanczosApp(Application):
         m = min(self.steps, n)
         basis = np.zeros((m + 1, n))  # rows are the Lanczos vectors q_0 .. q_m
         basis[0] = inputs["start"]
-        alphas, betas = [], []
+        alphas: list[float] = []
+        betas: list[float] = []
         for j in range(m):
             w = _product(matmul, a, basis[j][:, None], np.float64)[:, 0]
             alphas.append(float(basis[j] @ w))
@@ -506,8 +507,7 @@ class KMeansApp(Application):
         for _ in range(self.k - 1):
             init.append(int(np.argmax(nearest)))
             nearest = np.minimum(nearest, np.sum((x - x[init[-1]]) ** 2, axis=1))
-        init = np.array(init)
-        inputs = {"x": x.astype(np.float32), "init": init}
+        inputs = {"x": x.astype(np.float32), "init": np.array(init)}
         inputs["reference_labels"] = self._reference(inputs)
         return inputs
 
@@ -531,11 +531,11 @@ class KMeansApp(Application):
     def run(self, inputs: dict, matmul: MatMul) -> dict:
         x = inputs["x"]
         c = x[inputs["init"]].copy()
-        xx = np.sum(x * x, axis=1, dtype=np.float32)[:, None]
+        xx = (x * x).sum(axis=1, dtype=np.float32)[:, None]
         labels = np.zeros(len(x), dtype=np.int64)
         for _ in range(self.iterations):
             cross = _product(matmul, x, np.ascontiguousarray(c.T), np.float32).astype(np.float32)
-            cc = np.sum(c * c, axis=1, dtype=np.float32)[None, :]
+            cc = (c * c).sum(axis=1, dtype=np.float32)[None, :]
             dist = xx + cc - np.float32(2.0) * cross
             labels = np.argmin(np.where(np.isnan(dist), np.inf, dist), axis=1)
             c = self._update(x, labels, c)

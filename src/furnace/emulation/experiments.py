@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from furnace.runtime.cost import serial_compute_time
 from furnace.runtime.reproduce import Claim, Experiment, Result, RunContext, Table
 from furnace.runtime.timing import time_call
 
@@ -153,7 +154,7 @@ def ozaki1_slices(ctx: RunContext) -> Result:
     table, errors = [], {}
     for s in range(6, 15):
         ctx.progress(f"s = {s}")
-        row = [s, s * (s + 1) // 2]
+        row: list[float] = [s, s * (s + 1) // 2]
         for compensated in (True, False):
             C = ozaki1(s, compensated=compensated).gemm(A, B, DSA("a100"))
             elem = elementwise_relative_error(C, A, B, rows, cols, exact)
@@ -283,7 +284,7 @@ def selector(ctx: RunContext) -> Result:
             choice = exc.choice
         flops = sum(2 * s.m * s.n * s.k for s in choice.sites)
         fp64 = any(s.dtype == "float64" for s in choice.sites)
-        base = flops / profile.native_gemm_flops["fp64" if fp64 else "fp32"]
+        base = serial_compute_time([(flops, profile.native_gemm_flops["fp64" if fp64 else "fp32"])])
         ratio = float("nan")
         if choice.type_name is None:
             misses += 1

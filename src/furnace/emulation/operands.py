@@ -25,6 +25,8 @@ def make_operands(dist: str, size: int, dtype, rng: np.random.Generator):
     and 16384 plus small integers times small integers of both signs.
     """
     shape = (size, size)
+    A: np.ndarray
+    B: np.ndarray
     if np.dtype(dtype).kind in "iu":
         from .splits import INT16C_MAX, INT16C_MIN
 

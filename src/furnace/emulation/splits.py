@@ -412,7 +412,7 @@ def garner_digits(residues, moduli) -> np.ndarray:
     shape = res[0].shape
     if any(c.shape != shape for c in res):
         raise ValueError("residue arrays must all have the same shape")
-    digits = []
+    digits: list[np.ndarray] = []
     for i, p in enumerate(mods):
         x = np.mod(res[i], p)
         for j in range(i):

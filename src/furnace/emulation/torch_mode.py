@@ -427,7 +427,7 @@ class EmulatedMatmulMode(TorchFunctionMode):
 def _bypass_names() -> dict[Any, str]:
     """GEMM-like functions that are not rewritten, for ``bypassed`` and ``strict``."""
     names: dict[Any, str] = {}
-    candidates = {
+    candidates: dict[str, list[Any]] = {
         "einsum": [torch.einsum],
         "tensordot": [torch.tensordot],
         "inner": [torch.inner, torch.Tensor.inner],

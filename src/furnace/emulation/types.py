@@ -446,6 +446,7 @@ class _SplitFloatType(EmulatedType):
                 acc = dsa.mul(acc, 2.0 ** (-self.scale_exponent * level))
             total = acc if total is None else dsa.add(total, acc)
         shift = -(sa.reshape(-1, 1) + sb.reshape(1, -1))
+        assert total is not None  # every type has at least one slice pair
         _charge(dsa, "unscale", total.size, 2 * total.nbytes)
         # one correctly rounded scaling; exact unless the entry is float32-subnormal
         with np.errstate(under="ignore"):
@@ -607,8 +608,8 @@ class _Ozaki1Type(_OzakiType):
             total = hi + lo
         else:
             total = np.zeros((m, n), dtype=np.float64)
-            for level in reversed(levels):
-                total = total + level
+            for level_sum in reversed(levels):
+                total = total + level_sum
         _charge(dsa, "merge_ozaki1", 21 * s * m * n + 2 * m * n, (4 * s + 16) * m * n)
         shift = sa.exponents.reshape(-1, 1) + sb.exponents.reshape(1, -1)
         with np.errstate(under="ignore"):
@@ -857,6 +858,7 @@ def _typical_cost(t: EmulatedType) -> float:
     """Seconds per 2mnk flops of one emulated GEMM on the A100 profile (the 'typical' one)."""
     profile = a100_dsa()
     if t.native == "vector":
+        assert profile.vector_fp32_flops is not None  # the A100 profile has vector units
         return 4 * _DF_FLOPS_PER_MAC / 2 / profile.vector_fp32_flops
     return t.native_gemms / profile.matrix_peak_ops[t.native]
 

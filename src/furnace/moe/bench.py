@@ -35,6 +35,7 @@ import math
 import os
 import statistics
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -83,8 +84,8 @@ def _is_int(value) -> bool:
 
 
 def _finite_in(value, lo: float, hi: float) -> bool:
-    return (isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
-            and math.isfinite(value) and lo <= value <= hi)
+    return bool(isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
+                and math.isfinite(value) and lo <= value <= hi)
 
 
 def _divisors(n: int) -> list[int]:
@@ -354,7 +355,7 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     probe = None
     if cfg.mode == "measured":
         topology = testbed()
-        netem_mode = None
+        netem_mode: Literal["sleep", "virtual"] | None = None
     elif cfg.mode == "emulated":
         probe = _HostProbe(cfg, plain)
         flops, single, probe_start = probe.calibrate()
@@ -366,12 +367,12 @@ def _bench_rank(rank: int, world_size: int, cfg: BenchConfig) -> dict:
     else:
         topology = testbed()
         netem_mode = "virtual"
-    out = {"topology": topology.name, "flops_per_s": topology.device.flops("float32"),
-           "bandwidth_Bps": topology.inter_node.bandwidth_Bps, "step_overhead_s": overhead,
-           "flops_single_thread": single, "round_flops_single_thread": [],
-           "policies": {}}
+    out: dict[str, Any] = {
+        "topology": topology.name, "flops_per_s": topology.device.flops("float32"),
+        "bandwidth_Bps": topology.inter_node.bandwidth_Bps, "step_overhead_s": overhead,
+        "flops_single_thread": single, "round_flops_single_thread": [], "policies": {}}
     probabilities = cfg.probabilities()
-    runs = {}
+    runs: dict[str, dict[str, Any]] = {}
     for policy in cfg.policies:
         torch.manual_seed(cfg.seed)
         gate = SyntheticGate(cfg.d_model, cfg.num_experts, cfg.top_k,

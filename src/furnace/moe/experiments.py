@@ -20,11 +20,11 @@ Experiments (the quick set runs the first six at reduced size):
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
-from furnace.runtime.presets import v100_50gbps
+from furnace.runtime.presets import GPU_EXCHANGE_STEP_OVERHEAD_S, v100_50gbps
 from furnace.runtime.reproduce import KINDS, Claim, Experiment, Kind, Result, RunContext, Table
 
 from .bench import BenchConfig, BenchResult, perf_model_of, run_bench, testbed
@@ -132,7 +132,8 @@ def _spread(times: list[float]) -> float:
 
 def validation(ctx: RunContext) -> Result:
     sizes = (2, 4) if ctx.quick else (2, 4, 8)
-    rows, runs = [], {}
+    rows: list[list[Any]] = []
+    runs = {}
     for W in sizes:
         for routing in ("hot", "uniform"):
             ctx.progress(f"{W} ranks {routing}")
@@ -235,7 +236,7 @@ def _cores() -> int:
 def _testbed_perf(W: int, d_model: int = 256, d_hidden: int = 1024) -> MoEPerfModel:
     # NCCL-scale fixed cost per exchange step (assumed 20 us)
     return MoEPerfModel.from_topology(testbed(), d_model=d_model, d_hidden=d_hidden,
-                                      world_size=W, step_overhead_s=20e-6)
+                                      world_size=W, step_overhead_s=GPU_EXCHANGE_STEP_OVERHEAD_S)
 
 
 def skew(ctx: RunContext) -> Result:
@@ -247,14 +248,15 @@ def skew(ctx: RunContext) -> Result:
     shares = (0.25, 0.4, 0.5, 0.6, 0.7, 0.8)
     W, T = 4, 2048
     perf = _testbed_perf(W)
-    rows, sim_curves = [], {p: [] for p in POLICY_NAMES}
+    rows: list[list[object]] = []
+    sim_curves: dict[str, list[float]] = {p: [] for p in POLICY_NAMES}
     for h in shares:
         counts = synthetic_counts(W, 1, T, hot_expert(W, h))
         sims = simulate_policies(counts, perf, 1)
         for p in POLICY_NAMES:
             sim_curves[p].append(sims["baseline"].step_s / sims[p].step_s)
         rows.append([h, "simulated"] + [sim_curves[p][-1] for p in POLICY_NAMES])
-    emu_curves = {}
+    emu_curves: dict[str, list[float]] = {}
     if not ctx.quick:
         emu_curves = {p: [] for p in POLICY_NAMES}
         for h in shares:
@@ -411,14 +413,15 @@ def projection(ctx: RunContext) -> Result:
     scenarios = {"hot expert 0.05": lambda n: hot_expert(n, 0.05),
                  "Zipf 1.0": lambda n: zipf(n, 1.0),
                  "Zipf 0.6": lambda n: zipf(n, 0.6)}
-    rows, curves = [], {}
+    rows: list[list[object]] = []
+    curves: dict[str, list[float]] = {}
     for label, dist in scenarios.items():
         curves[label] = []
         for W in sizes:
             ctx.progress(f"{label}, {W} GPUs")
             perf = MoEPerfModel.from_topology(v100_50gbps(gpus_per_node=4), d_model=1024,
                                               d_hidden=4096, world_size=W,
-                                              step_overhead_s=20e-6)
+                                              step_overhead_s=GPU_EXCHANGE_STEP_OVERHEAD_S)
             counts = synthetic_counts(W, 1, T, dist(W))
             sims = simulate_policies(counts, perf, 1, capacity_factor=1.2, tokens_per_rank=T,
                                      max_steps=32)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -267,13 +268,13 @@ class ModuleExperts(ExpertBank):
             self._offsets.append(self._offsets[-1] + len(names))
 
     def __getitem__(self, i: int) -> nn.Module:
-        return self._modules[str(range(self.num_experts)[i])]
+        return cast(nn.Module, self._modules[str(range(self.num_experts)[i])])
 
     def __len__(self) -> int:
         return self.num_experts
 
     def __iter__(self) -> Iterator[nn.Module]:
-        return (self._modules[str(i)] for i in range(self.num_experts))
+        return (cast(nn.Module, self._modules[str(i)]) for i in range(self.num_experts))
 
     def param_tensors(self) -> list[torch.Tensor]:
         return [p for module in self for p in module.parameters()]
@@ -285,7 +286,7 @@ class ModuleExperts(ExpertBank):
         return list(tensors[self._offsets[local_expert]:self._offsets[local_expert + 1]])
 
     def _call(self, module: nn.Module, x_RD: torch.Tensor, params=None) -> torch.Tensor:
-        args = (x_RD,)
+        args: tuple[torch.Tensor, ...] = (x_RD,)
         if self.call_with_count:
             args = (x_RD, torch.tensor([x_RD.shape[0]], dtype=torch.int64))
         if params is None:

@@ -14,12 +14,16 @@ removed), N = global experts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .experts import ExpertBank, MLPExperts
 from .gates import BaseGate, GateOutput, make_gate
+
+if TYPE_CHECKING:
+    from .parallel import ExpertParallel
 
 
 @dataclass
@@ -89,7 +93,7 @@ class MoELayer(nn.Module):
         self.gate = gate
         self.experts = experts
         # set by expert_parallel(); None means every expert is here
-        self.parallel = None
+        self.parallel: ExpertParallel | None = None
         self.balance_loss: torch.Tensor = torch.zeros(())
         self.last_routing: RoutingStats | None = None
 

@@ -226,7 +226,8 @@ def ddp_ignore_experts(module: nn.Module) -> list[str]:
             names += [head + n for n, _ in sub.experts.named_parameters()
                       if head + n not in names]
     # the attribute DDP reads (torch's _set_params_and_buffers_to_ignore_for_model sets it)
-    module._ddp_params_and_buffers_to_ignore = names
+    # nn.Module's attribute typing knows tensors and modules only
+    module._ddp_params_and_buffers_to_ignore = names  # type: ignore[assignment]
     return names
 
 

@@ -56,7 +56,7 @@ class SyntheticGate(BaseGate):
     """
 
     def __init__(self, d_model: int, num_experts: int, top_k: int = 1, *,
-                 probabilities: Sequence[float], seed: int = 0) -> None:
+                 probabilities: Sequence[float] | np.ndarray, seed: int = 0) -> None:
         super().__init__(d_model, num_experts, top_k)
         p = np.asarray(probabilities, dtype=np.float64)
         if p.shape != (num_experts,) or (p < 0).any() or not np.isclose(p.sum(), 1.0):

@@ -30,7 +30,8 @@ import scipy.sparse as sp
 
 from .mesh import TetMesh
 
-Material = Callable[[np.ndarray], tuple]
+# r (an array, or one float for a scalar-only callable) -> (rho, vp, vs)
+Material = Callable[[np.ndarray | float], tuple]
 
 
 @dataclass

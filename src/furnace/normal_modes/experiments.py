@@ -6,12 +6,14 @@ reproduction's Mars runs, with this package's meshes and `furnace.eigen`'s solve
   of design note eigensolver.md 5.2, against Lamb's roots of note 4.1).
 - ``mars``: Mars DWAK modes in 0.3-1.0 mHz (SC'18 section V; the SC19 teams' Mars runs)
   against the 1-D toroidal reference, split-node vs welded fluid core, and maps.
-- ``vs_arpack_ball`` (full set only): `furnace.eigen.experiments.compare_solvers`, filtered
+- ``vs_arpack_ball`` (full set only): `furnace.eigen.compare_solvers`, filtered
   Lanczos against ARPACK shift-invert and LOBPCG, on the lumped elastic ball pencils, with
   the 6 rigid-body motions as LOBPCG's constraints (design note eigensolver.md 5.5).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -53,7 +55,8 @@ def lamb(ctx: RunContext) -> Result:
     from furnace.eigen import SolverConfig, eigsh_interval
 
     sizes = (0.25, 0.15) if ctx.quick else (0.25, 0.15, 0.1, 0.07)
-    rows, curves = [], {}
+    rows: list[list[object]] = []
+    curves: dict[str, list[float]] = {}
     for lumped in (True, False):
         label = "lumped" if lumped else "consistent"
         curves[label] = []
@@ -93,8 +96,8 @@ def lamb(ctx: RunContext) -> Result:
 
 def ball_comparison_pencil(h: float):
     """The lumped-mass unit ball at mesh size h and its 6 rigid-body motions (LOBPCG's
-    constraints), as a `furnace.eigen.experiments.ComparisonPencil`."""
-    from furnace.eigen.experiments import ComparisonPencil
+    constraints), as a `furnace.eigen.ComparisonPencil`."""
+    from furnace.eigen import ComparisonPencil
 
     from .assembly import assemble, homogeneous, vertex_dofs
     from .mesh import ball_mesh
@@ -112,12 +115,12 @@ def ball_comparison_pencil(h: float):
 
 
 def vs_arpack_ball(ctx: RunContext) -> Result:
-    from furnace.eigen.experiments import compare_solvers
+    from furnace.eigen import compare_solvers
 
     sizes = (0.25, 0.15) if ctx.quick else (0.25, 0.15, 0.1, 0.07, 0.05)
     note = ("P1 elastic unit ball (vp = sqrt(3), vs = rho = 1, gmsh), lumped mass, omega in "
             "[2, 4.2] (the 27 eigenpairs of 0T2, 0S2, 1S1, 0T3, 0S3); h = mesh size.")
-    return compare_solvers(ctx, [lambda h=h: ball_comparison_pencil(h) for h in sizes],
+    return compare_solvers(ctx, [functools.partial(ball_comparison_pencil, h) for h in sizes],
                            size_column="h", pencil_note=note,
                            lobpcg_iterations=100 if ctx.quick else 300)
 
@@ -172,6 +175,7 @@ def mars(ctx: RunContext) -> Result:
         if group is None:
             continue
         j = int(group["members"][0])
+        assert split.eigenvectors is not None  # solve keeps them
         fig = mode_figure(split.mesh, split.basis, split.eigenvectors[:, j],
                           label=f"Mars DWAK 0{kind}{l}", frequency_mhz=group["frequency"],
                           fluid_radius=model.fluid_core_radius,

@@ -144,6 +144,7 @@ def _roots(func, l: int, n_max: int | None, y_max: float | None) -> np.ndarray:
     if y_max is not None:
         roots = _scan_roots(func, lo, float(y_max))
     else:
+        assert n_max is not None  # checked above: one of n_max and y_max is given
         # root spacing is about pi, so this bound usually holds n_max roots at once
         hi = lo + 4.0 * (n_max + 2)
         roots = _scan_roots(func, lo, hi)

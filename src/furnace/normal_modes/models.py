@@ -17,6 +17,7 @@ isotropic medium, kappa = (4A + C + 4F - 4N)/9 and mu = (A + C - 2F + 5N + 6L)/1
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -366,7 +367,8 @@ def default_data_dir() -> Path:
     return Path(__file__).resolve().parents[3] / ".." / "shared" / "data" / "planet_models"
 
 
-_FILES = {
+# planet: (file name, reader of that file's format)
+_FILES: dict[str, tuple[str, Callable[[Path], RadialModel]]] = {
     "mars": ("Mars_DWAK.bm", read_bm),
     "prem": ("PREM_1s.csv", read_prem_csv),
     "moon": ("moon_weber2011.txt", read_moon_txt),

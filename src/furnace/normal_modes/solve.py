@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -26,10 +27,11 @@ class ModesResult:
     unknowns: int
     frequencies_mhz: np.ndarray
     multiplets: list[dict] = field(default_factory=list)
-    counters: object = None
+    # set by `solve`: furnace.eigen.operators.Counters, the TetMesh and its dof basis
+    counters: Any = None
     seconds: dict = field(default_factory=dict)
-    mesh: object = None
-    basis: object = None
+    mesh: Any = None
+    basis: Any = None
     eigenvectors: np.ndarray | None = None
 
 

@@ -49,6 +49,10 @@ def _give_mode(tmp: str | os.PathLike[str], dest: Path) -> None:
 class OutputError(OSError):
     """An output could not be written; the previous file, if any, is untouched."""
 
+    # set by a caller that re-raises it with what the output was to hold
+    # (`furnace.runtime.reproduce.run`: the run's outcomes)
+    outcomes: list[Any]
+
 
 def _fsync_dir(folder: Path) -> None:
     try:

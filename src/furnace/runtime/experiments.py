@@ -12,6 +12,8 @@ the longer of the two, not their sum.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -21,6 +23,14 @@ from .netem import NetworkEmulation, NetworkEmulator
 from .presets import emulated_link
 from .reproduce import Claim, Experiment, Result, RunContext, Table
 from .timing import stopwatch, time_call
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+# None: raw gloo, no emulation
+EmulationMode = Literal["sleep", "virtual"] | None
+# (op, ranks, modelled s, emulated wall s, relative error)
+Point = tuple[str, int, float, float, float]
 
 MEASURED_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
                 "all_to_all_single", "send/recv")
@@ -63,14 +73,14 @@ def run_op(comm: Communicator, op: str, numel: int) -> None:
         raise ValueError(f"unknown op {op!r}")
 
 
-def _measure_rank(rank: int, world_size: int, *, mode: str | None, sizes: list[int],
-                  reps: int, bandwidth: float, latency: float) -> list[dict]:
+def _measure_rank(rank: int, world_size: int, *, mode: EmulationMode, sizes: list[int],
+                  reps: int, bandwidth: float, latency: float) -> list[dict[str, Any]]:
     network = None
     if mode is not None:
         topo = emulated_link(bandwidth_Bps=bandwidth, latency_s=latency)
         network = NetworkEmulator(NetworkEmulation(topology=topo, mode=mode))
     comm = Communicator(network=network)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for op in MEASURED_OPS:
         for numel in sizes:
             for rep in range(reps):
@@ -81,14 +91,15 @@ def _measure_rank(rank: int, world_size: int, *, mode: str | None, sizes: list[i
                     run_op(comm, op, numel)
                 wall = lap.seconds
                 mine = comm.log.records[before:]
-                modelled = sum(r.modelled_s for r in mine) if network and mine else None
+                modelled = (sum(r.modelled_s for r in mine if r.modelled_s is not None)
+                            if network and mine else None)
                 rows.append({"op": op, "bytes": 4 * numel, "rep": rep, "wall_s": wall,
                              "modelled_s": modelled, "active": bool(mine)})
     return rows
 
 
 def _overlap_rank(rank: int, world_size: int, *, bandwidth: float, latency: float,
-                  numel: int, compute_s: float) -> dict:
+                  numel: int, compute_s: float) -> dict[str, float]:
     topo = emulated_link(bandwidth_Bps=bandwidth, latency_s=latency)
     comm = Communicator(network=NetworkEmulator(NetworkEmulation(topology=topo)))
     a = torch.randn(256, 256)
@@ -100,7 +111,7 @@ def _overlap_rank(rank: int, world_size: int, *, bandwidth: float, latency: floa
         for _ in range(matmuls):
             a @ a
 
-    def timed(fn) -> float:
+    def timed(fn: Callable[[], object]) -> float:
         # one run each, after a barrier so both ranks start together
         return time_call(fn, repeats=1, warmup=0, setup=comm.barrier).min
 
@@ -121,9 +132,10 @@ def _overlap_rank(rank: int, world_size: int, *, bandwidth: float, latency: floa
     }
 
 
-def _collect(world_size: int, mode: str | None, **kw) -> dict[tuple[str, int], dict]:
+def _collect(world_size: int, mode: EmulationMode,
+             **kw: Any) -> dict[tuple[str, int], dict[str, Any]]:
     per_rank = run_distributed(_measure_rank, world_size, mode=mode, timeout_s=300, **kw)
-    out: dict[tuple[str, int], dict] = {}
+    out: dict[tuple[str, int], dict[str, Any]] = {}
     for op in MEASURED_OPS:
         for nbytes in sorted({row["bytes"] for row in per_rank[0]}):
             # an op is done when its slowest participating rank is done
@@ -143,6 +155,7 @@ def _collect(world_size: int, mode: str | None, **kw) -> dict[tuple[str, int], d
 def emulator_vs_measured(ctx: RunContext) -> Result:
     # slow enough that the modelled time dominates what gloo itself takes on loopback
     bandwidth, latency = 10e6, 2e-3
+    world_sizes: tuple[int, ...]
     if ctx.quick:
         world_sizes, sizes, reps = (2, 4), [64 * 2**10, 256 * 2**10], 5
     else:
@@ -221,7 +234,7 @@ def emulator_vs_measured(ctx: RunContext) -> Result:
     )
 
 
-def _plot(points):
+def _plot(points: list[Point]) -> Figure:
     import matplotlib
 
     matplotlib.use("Agg")

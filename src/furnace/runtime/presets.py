@@ -15,7 +15,7 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -205,7 +205,7 @@ def stampede2_skx(
     )
 
 
-def this_cpu(*, calibration: dict | None = None,
+def this_cpu(*, calibration: dict[str, Any] | None = None,
              cache: CalibrationCache | None = None) -> Topology:
     """This machine as measured by ``furnace info --calibrate`` (one rank per core).
 
@@ -297,7 +297,7 @@ PRESETS: dict[str, Callable[..., Topology]] = {
 }
 
 
-def get_preset(name: str, **overrides) -> Topology:
+def get_preset(name: str, **overrides: Any) -> Topology:
     """A preset by name; keyword arguments go to its factory."""
     try:
         factory = PRESETS[name]
@@ -483,7 +483,7 @@ DSA_PROFILES: dict[str, Callable[..., DSAProfile]] = {
 }
 
 
-def get_dsa_profile(name: str, **overrides) -> DSAProfile:
+def get_dsa_profile(name: str, **overrides: Any) -> DSAProfile:
     """A DSA throughput profile by name; keyword arguments go to its factory."""
     try:
         factory = DSA_PROFILES[name]

@@ -201,7 +201,8 @@ def missing_reason(system: str) -> str:
 
 def select(systems: Sequence[str], quick: bool) -> tuple[list[Experiment], list[str]]:
     """Experiments to run and the systems that are not built yet."""
-    chosen, missing = [], []
+    chosen: list[Experiment] = []
+    missing: list[str] = []
     for system in systems or SYSTEM_NAMES:
         found = discover(system)
         if not found:  # not built, or built with nothing registered under its own name

@@ -106,7 +106,8 @@ class DistributedGroupedDataParallel(nn.Module):
         """
         for (tag, dtype), params in self._groups(with_grads=True).items():
             comm = self.comms[tag]
-            grads = [p.grad for p in params]
+            # _groups(with_grads=True) keeps the parameters that have a gradient
+            grads = [p.grad for p in params if p.grad is not None]
             flat = torch.cat([g.reshape(-1) for g in grads])
             self._check_sizes(comm, tag, flat.numel())
             if fp32_allreduce and dtype != torch.float32:

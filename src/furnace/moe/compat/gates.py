@@ -265,7 +265,7 @@ class GShardGate(NaiveGate):
         self.capacity = _capacity_pair(capacity)
         self.random_routing = random_routing
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor):  # type: ignore[override]  # FastMoE's signature
         idx_TK, val_TK, logits_TN = super().forward(x, return_all_scores=True)
         num_tokens = logits_TN.shape[0]
         self.set_loss(_gshard_loss(logits_TN, idx_TK[:, 0], self.num_expert))
@@ -285,7 +285,7 @@ class DCGate(GShardGate):
     routing.
     """
 
-    def forward(self, x: torch.Tensor):
+    def forward(self, x: torch.Tensor):  # type: ignore[override]  # FastMoE's signature
         idx_TK, val_TK, logits_TN = NaiveGate.forward(self, x, return_all_scores=True)
         self.set_loss(_gshard_loss(logits_TN, idx_TK[:, 0], self.num_expert))
         rate = self.capacity[0 if self.training else 1]
@@ -313,7 +313,7 @@ class SwitchGate(NaiveGate):
         self.switch_eps = switch_eps
         self.capacity = _capacity_pair(capacity)
 
-    def forward(self, inp: torch.Tensor):
+    def forward(self, inp: torch.Tensor):  # type: ignore[override]  # FastMoE's signature
         score_TN = self.gate(inp)
         if self.training:
             noise_TN = torch.rand_like(score_TN) * 2 * self.switch_eps + 1.0 - self.switch_eps
@@ -392,7 +392,7 @@ class SwipeGate(NaiveGate):
             new_T[~keep_T] = moved * E + bias
         return new_T, room[rank]
 
-    def forward(self, inp: torch.Tensor):
+    def forward(self, inp: torch.Tensor):  # type: ignore[override]  # FastMoE's signature
         score_TN = self.gate(inp)
         orig_TK, orig_idx_TK = torch.topk(score_TN, k=self.top_k, dim=-1)
         if not self.training:
@@ -442,7 +442,7 @@ class FasterGate(NaiveGate):
         self.mask = remote
         self.policy_fn = None
 
-    def forward(self, inp: torch.Tensor):
+    def forward(self, inp: torch.Tensor):  # type: ignore[override]  # FastMoE's signature
         if self.policy_fn is not None:
             raise NotImplementedError("FasterGate.policy_fn (shadowed experts count as local) "
                                       "is not supported; use ExpertParallelConfig("

@@ -46,7 +46,7 @@ def mark_module_parallel_comm(module: nn.Module, comm: str) -> None:
     as "none", leaves it local).
     """
     for p in module.parameters():
-        p.dp_comm = comm
+        p.dp_comm = comm  # type: ignore[attr-defined]  # FastMoE's mark on the tensor
 
 
 _UNSUPPORTED = {

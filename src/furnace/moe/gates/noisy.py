@@ -85,10 +85,10 @@ class NoisyGate(BaseGate):
     def route(self, logits_TN: torch.Tensor,
               noise_std_TN: torch.Tensor | None = None) -> GateOutput:
         """Route clean logits; with ``noise_std_TN`` and in training, add the paper's noise."""
-        noisy = self.training and noise_std_TN is not None
-        if noisy:
+        noise_TN = noise_std_TN if self.training else None
+        if noise_TN is not None:
             # the only use of the RNG, and only in training, so eval is deterministic
-            noisy_TN = logits_TN + torch.randn_like(logits_TN) * noise_std_TN
+            noisy_TN = logits_TN + torch.randn_like(logits_TN) * noise_TN
         else:
             noisy_TN = logits_TN
         top_logits_TK, expert_ids_TK = torch.topk(noisy_TN, self.top_k, dim=-1)
@@ -98,8 +98,8 @@ class NoisyGate(BaseGate):
         gates_TN = wide_scores_TK.new_zeros((num_tokens, self.num_experts))
         gates_TN = gates_TN.scatter(1, expert_ids_TK, wide_scores_TK)
         importance_N = gates_TN.sum(0)
-        if noisy and self.top_k < self.num_experts:
-            load_N = prob_in_top_k(logits_TN, noisy_TN, noise_std_TN, self.top_k).sum(0)
+        if noise_TN is not None and self.top_k < self.num_experts:
+            load_N = prob_in_top_k(logits_TN, noisy_TN, noise_TN, self.top_k).sum(0)
         else:
             load_N = torch.bincount(expert_ids_TK.reshape(-1), minlength=self.num_experts)
             load_N = load_N.to(importance_N.dtype)

@@ -73,7 +73,7 @@ def swipe_assign(preferences_GK: np.ndarray, num_experts: int) -> np.ndarray:
             room_N = np.where(holds_GN[token], -1, capacity - load_N)
             expert = int(np.argmax(room_N))  # argmax takes the first maximum: lowest id
             if room_N[expert] <= 0:
-                expert = _swap_for_room(token, assigned_GK, holds_GN, load_N, capacity)
+                expert = _swap_for_room(int(token), assigned_GK, holds_GN, load_N, capacity)
             assigned_GK[token, slot] = expert
             holds_GN[token, expert] = True
             load_N[expert] += 1
