@@ -85,7 +85,7 @@ def test_import_scan_sees_every_form_of_import():
     for source in ("from . import solver", "from .mpi_runs import run_cli",
                    "import furnace.runtime.reproduce", "x = 'normal_modes'"):
         assert not _forbidden(_imported_modules(source, eigen)), source
-    names = _file_imports(EIGEN_DIR / "experiments.py")
+    names = _file_imports(EIGEN_DIR / "comparison.py")
     assert "furnace.runtime.reproduce" in names and "furnace.eigen.mpi_runs.run_cli" in names
 
 

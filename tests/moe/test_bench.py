@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from furnace.moe.bench import BenchConfig, BenchResult, PolicyResult, run_bench
+from furnace.moe.bench import BenchResult, PolicyResult, run_bench
+from furnace.moe.config import BenchConfig
 
 
 @pytest.fixture(scope="module")

@@ -60,7 +60,7 @@ def test_cross_argument_errors_name_the_flag(capsys):
 
 
 def test_bench_config_names_the_field():
-    from furnace.moe.bench import BenchConfig, BenchConfigError
+    from furnace.moe.config import BenchConfig, BenchConfigError
 
     for field, kwargs in (("top_k", {"top_k": 5}), ("group_size", {"group_size": 3}),
                           ("d_model", {"d_model": 0}), ("tokens_per_rank", {"tokens_per_rank": 0}),
@@ -78,8 +78,8 @@ def test_bench_options_are_the_config_fields():
     import dataclasses
 
     from furnace.cli import build_parser
-    from furnace.moe.bench import BenchConfig
     from furnace.moe.cli import BENCH_FIELDS, bench_config
+    from furnace.moe.config import BenchConfig
 
     moe = build_parser()._subparsers._group_actions[0].choices["moe"]
     bench = moe._subparsers._group_actions[0].choices["bench"]

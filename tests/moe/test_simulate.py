@@ -100,7 +100,8 @@ def test_validation_fits_the_rate_to_the_baseline_and_predicts_the_rest():
     # one-thread rate, +-1% of round-to-round noise: the rate fitted to each round's
     # baseline must predict every other policy's median, while a rate probed 30% too
     # high predicts the baseline too fast
-    from furnace.moe.bench import BenchConfig, BenchResult, PolicyResult
+    from furnace.moe.bench import BenchResult, PolicyResult
+    from furnace.moe.config import BenchConfig
     from furnace.moe.experiments import _cores, validate_run
 
     W, T = 4, 400

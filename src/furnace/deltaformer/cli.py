@@ -179,6 +179,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from furnace.runtime.atomic import OutputError, atomic_write_text
     from furnace.runtime.timing import torch_threads
+    from furnace.runtime.training import progress_bar
 
     from .train import (
         CheckpointError,
@@ -221,7 +222,9 @@ def _train(args: argparse.Namespace) -> int:
         with threads, Progress(TextColumn("{task.description}"), BarColumn(),
                                TextColumn("{task.completed}/{task.total}"),
                                TimeElapsedColumn(), console=console) as progress:
-            result = train(config, progress, resume=args.resume, overwrite=args.overwrite)
+            bar = progress_bar(progress, total=config.steps,
+                               label=f"{config.mixer} {config.task}")
+            result = train(config, bar, resume=args.resume, overwrite=args.overwrite)
     except TrainDataError as exc:
         raise UsageError("--length", str(exc)) from None
     if args.json is not None:

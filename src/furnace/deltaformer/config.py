@@ -124,6 +124,11 @@ class LMConfig:
                     )
 
     @property
+    def kv_heads(self) -> int:
+        """Key-value heads G: num_kv_heads, which `__post_init__` resolves from None."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
 
@@ -136,7 +141,7 @@ class LMConfig:
     @property
     def u_heads(self) -> int:
         """Heads of the DeltaFormer u-stage: one per key-value head unless w comes from q."""
-        return self.num_heads if self.w_source == "q" else self.num_kv_heads
+        return self.num_heads if self.w_source == "q" else self.kv_heads
 
     @property
     def kappa1_per_u_head(self) -> tuple[str, ...]:

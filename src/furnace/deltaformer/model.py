@@ -120,8 +120,8 @@ class _HeadProjections(nn.Module):
         self.use_rotary = use_rotary and config.rotary
         d, c = config.d_model, config.head_dim
         self.q_proj = nn.Linear(d, config.num_heads * c, bias=False)
-        self.k_proj = nn.Linear(d, config.num_kv_heads * c, bias=False)
-        self.v_proj = nn.Linear(d, config.num_kv_heads * c, bias=False)
+        self.k_proj = nn.Linear(d, config.kv_heads * c, bias=False)
+        self.v_proj = nn.Linear(d, config.kv_heads * c, bias=False)
         self.out_proj = nn.Linear(config.num_heads * c, d, bias=False)
         self.q_norm = nn.RMSNorm(c) if config.qk_norm else None
         self.k_norm = nn.RMSNorm(c) if config.qk_norm else None
@@ -141,9 +141,9 @@ class _HeadProjections(nn.Module):
         cfg = self.config
         q = self._position(self._heads(self.q_proj(x_BTD), cfg.num_heads), self.q_norm,
                            positions_T)
-        k = self._position(self._heads(self.k_proj(x_BTD), cfg.num_kv_heads), self.k_norm,
+        k = self._position(self._heads(self.k_proj(x_BTD), cfg.kv_heads), self.k_norm,
                            positions_T)
-        v = self._heads(self.v_proj(x_BTD), cfg.num_kv_heads)
+        v = self._heads(self.v_proj(x_BTD), cfg.kv_heads)
         return q, k, v
 
     def out(self, o_BTHC: torch.Tensor) -> torch.Tensor:
@@ -204,8 +204,8 @@ class DeltaFormerAttention(_HeadProjections):
     def __init__(self, config: LMConfig) -> None:
         super().__init__(config, use_rotary=True)
         c = config.head_dim
-        self.w_proj = None
-        self.w_norm = None
+        self.w_proj: nn.Linear | None = None
+        self.w_norm: nn.RMSNorm | None = None
         if config.w_source == "own":
             self.w_proj = nn.Linear(config.d_model, config.u_heads * c, bias=False)
             self.w_norm = nn.RMSNorm(c) if config.qk_norm else None
@@ -222,6 +222,8 @@ class DeltaFormerAttention(_HeadProjections):
         elif cfg.w_source == "q":
             w = q
         else:
+            # w_source == "own" is exactly when __init__ built the w projection
+            assert self.w_proj is not None
             w = self._position(self._heads(self.w_proj(x_BTD), cfg.u_heads), self.w_norm,
                                positions)
         beta = _beta(self.beta_proj(x_BTD), cfg.beta_activation)
@@ -237,9 +239,9 @@ class DeltaFormerAttention(_HeadProjections):
         # the u-stage per kappa1 (heads may mix kernels), then one read-out for all heads; a
         # U per key-value head is shared by the query heads of its group
         for kernel in dict.fromkeys(kernels):
-            heads = [h for h, name in enumerate(kernels) if name == kernel]
-            idx = slice(None) if len(heads) == u_heads else torch.tensor(heads,
-                                                                         device=x_BTD.device)
+            kernel_heads = [h for h, name in enumerate(kernels) if name == kernel]
+            idx = slice(None) if len(kernel_heads) == u_heads else torch.tensor(
+                kernel_heads, device=x_BTD.device)
             u[:, :, idx] = deltaformer_u(
                 k_u[:, :, idx], v_u[:, :, idx], p.w[:, :, idx], p.beta[:, :, idx],
                 kappa1=kernel, chunk_size=cfg.chunk_size,

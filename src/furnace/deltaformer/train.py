@@ -42,6 +42,7 @@ from furnace.runtime.training import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
+    Progress,
     TrainLoopConfig,
     TrainResult,
     config_record,
@@ -249,26 +250,7 @@ def loop_config(config: TrainConfig) -> TrainLoopConfig:
                            checkpoint_every=config.checkpoint_every)
 
 
-def _progress_callback(progress: Any, config: TrainConfig
-                       ) -> Callable[[int, dict[str, float]], None] | None:
-    """``progress`` as the loop's callback: a callable as is, a ``rich.progress.Progress``
-    as a bar over ``config.steps``."""
-    if progress is None or not hasattr(progress, "add_task"):
-        return progress
-    bar = None
-    label = f"{config.mixer} {config.task}"
-
-    def update(step: int, metrics: dict[str, float]) -> None:
-        nonlocal bar
-        if bar is None:
-            # created at the first step run, so a resumed run's bar starts where it was
-            bar = progress.add_task(label, total=config.steps, completed=step - 1)
-        progress.update(bar, advance=1, description=f"{label} loss {metrics['loss']:.3f}")
-
-    return update
-
-
-def train(config: TrainConfig, progress: Any = None, *, resume: bool = False,
+def train(config: TrainConfig, progress: Progress | None = None, *, resume: bool = False,
           overwrite: bool = False, stop_at: int | None = None) -> DeltaFormerTrainResult:
     """Train one model; return its loss curve and final metrics.
 
@@ -277,8 +259,8 @@ def train(config: TrainConfig, progress: Any = None, *, resume: bool = False,
     check (`prepare_checkpoint`) runs before any training.
 
     Args:
-        progress: ``progress(step, metrics)`` after every step, a ``rich.progress.Progress``
-            to add a bar to, or None.
+        progress: ``progress(step, metrics)`` after every step, or None
+            (`furnace.runtime.training.progress_bar` makes one that drives a rich bar).
         resume: continue from ``config.checkpoint``, which must exist and hold a run with
             the same config (`check_resumable`); a larger ``config.steps`` extends it.
         overwrite: without ``resume``, replace an existing ``config.checkpoint``.
@@ -302,7 +284,7 @@ def train(config: TrainConfig, progress: Any = None, *, resume: bool = False,
 
     result = train_loop(loop_config(config), build_model=lambda: build_model(config),
                         batches=batches, loss=loss, result=DeltaFormerTrainResult(config=config),
-                        progress=_progress_callback(progress, config), run_config=config,
+                        progress=progress, run_config=config,
                         checkpoint_format=FORMAT, resume=resume, overwrite=overwrite,
                         stop_at=stop_at)
     if result.finished:

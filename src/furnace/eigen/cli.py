@@ -26,6 +26,7 @@ import json
 import math
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from furnace.runtime.atomic import OutputError, atomic_write_text
 from furnace.runtime.cliargs import (
@@ -41,6 +42,9 @@ from furnace.runtime.cliargs import (
 )
 
 from .config import SolverConfig
+
+if TYPE_CHECKING:
+    from rich.status import Status
 
 MODES = ("slices", "rows", "groups")
 # the exit status of a solve that ran but cannot vouch for the number of eigenvalues found
@@ -140,8 +144,8 @@ class _Status:
     rejected before the solve leaves stderr with its one error line)."""
 
     def __init__(self) -> None:
-        self._context = None
-        self._status = None
+        self._context: Status | None = None
+        self._status: Status | None = None
 
     def __call__(self, text: str) -> None:
         if self._status is None:

@@ -30,13 +30,22 @@ def find_mpiexec() -> str | None:
     return str(beside) if beside.exists() else shutil.which("mpiexec")
 
 
+def _subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name`` of ``parser`` (argparse exposes no public lookup)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found: argparse.ArgumentParser = action.choices[name]
+            return found
+    raise LookupError(f"{parser.prog} has no subcommands")
+
+
 def _solve_parser() -> argparse.ArgumentParser:
     from furnace.eigen import cli
 
     parser = argparse.ArgumentParser()
-    cli.add_parser(parser.add_subparsers())
-    eigen = parser._subparsers._group_actions[0].choices["eigen"]
-    return eigen._subparsers._group_actions[0].choices["solve"]
+    subparsers = parser.add_subparsers()
+    cli.add_parser(subparsers)
+    return _subcommand(subparsers.choices["eigen"], "solve")
 
 
 def cli_modes() -> tuple[str, ...]:

@@ -162,7 +162,9 @@ def measure(plan: Plan, work_dir: Path, *, runs: list[tuple[int, int, str]] | No
             pencils[size] = (a_path, m_path, interval, K.shape[0], K.nnz, K.shape[0])
         a_path, m_path, interval, n, nnz_a, nnz_m = pencils[size]
         slices = 2 if mode == "slices" else 1
-        times, data = [], None
+        # data: the JSON of the last repeat, the one whose counters and eigenvalues are kept
+        times: list[float] = []
+        data: dict
         for rep in range(plan.repeats):
             progress(f"n={n}, {ranks} rank(s), {mode} ({rep + 1}/{plan.repeats})")
             data = run_cli(mpiexec, ranks, a_path, m_path, interval, mode=mode, slices=slices,

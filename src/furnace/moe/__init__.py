@@ -5,7 +5,7 @@ shadowing, smart scheduling and a topology-aware gate, driven by a performance m
     expert_parallel(model, comm, ExpertParallelConfig(shadowing=True, smart_schedule=True))
 """
 
-from .config import ExpertParallelConfig
+from .config import BenchConfig, ExpertParallelConfig
 from .experts import ExpertBank, MLPExperts, ModuleExperts
 from .gates import GATES, BaseGate, GateContext, GateOutput, make_gate
 from .layer import MoELayer, MoETransformerMLP, RoutingStats
@@ -16,6 +16,7 @@ from .perfmodel import MoEPerfModel, StepLatency
 __all__ = [
     "GATES",
     "BaseGate",
+    "BenchConfig",
     "ExpertBank",
     "ExpertParallel",
     "ExpertParallelConfig",

@@ -29,7 +29,7 @@ from furnace.runtime.cliargs import (
     positive_int,
 )
 
-from .bench import MAX_ZIPF_EXPONENT, BenchConfig, BenchConfigError
+from .config import MAX_ZIPF_EXPONENT, BenchConfig, BenchConfigError
 
 # the simulator's task graph and the W x W counts grow with the square of the GPUs
 MAX_SIMULATED_GPUS = 1024

@@ -27,7 +27,8 @@ import numpy as np
 from furnace.runtime.presets import GPU_EXCHANGE_STEP_OVERHEAD_S, v100_50gbps
 from furnace.runtime.reproduce import KINDS, Claim, Experiment, Kind, Result, RunContext, Table
 
-from .bench import BenchConfig, BenchResult, perf_model_of, run_bench, testbed
+from .bench import BenchResult, perf_model_of, run_bench, testbed
+from .config import BenchConfig
 from .perfmodel import MoEPerfModel
 from .simulate import Policy, choose_policy, simulate_policies, simulate_step, synthetic_counts
 from .workload import hot_expert, zipf

@@ -2,6 +2,9 @@
 
 - `launch`: `run_distributed` (spawned ranks on one machine) and `init_from_env` (torchrun).
 - `comm`: `Communicator`, instrumented collectives with a `CommLog` and the byte model.
+- `cost`: the one alpha-beta and roofline cost model every modelled time comes from.
+- `timing`: the timing harness (warm-up, repeats, min/median/max, threads, child peak memory).
+- `training`: the LM training loop (AdamW, schedule, clipping, checkpoints, forked RNG).
 - `topology`, `presets`: devices, links, machines, with cited constants.
 - `netem`: network emulation by sleeping, or a deterministic virtual clock.
 - `simulator`: a discrete-event engine with makespan, critical path and Chrome traces.
@@ -18,6 +21,12 @@ _WHERE = {
     "CommHandle": "comm", "CommLog": "comm", "CommRecord": "comm", "Communicator": "comm",
     "Traffic": "comm", "all_reduce_autograd": "comm", "all_to_all_single_autograd": "comm",
     "traffic": "comm",
+    "alpha_beta": "cost", "collective_time": "cost", "group_collective_time": "cost",
+    "hierarchical_all_reduce_time": "cost", "link_time": "cost", "roofline_time": "cost",
+    "traffic_time": "cost",
+    "Timing": "timing", "round_robin": "timing", "time_call": "timing",
+    "torch_threads": "timing",
+    "TrainLoopConfig": "training", "TrainResult": "training", "train_loop": "training",
     "DistributedContext": "launch", "DistributedError": "launch",
     "init_from_env": "launch", "run_distributed": "launch",
     "NetworkEmulation": "netem", "NetworkEmulator": "netem", "VirtualClock": "netem",
@@ -53,11 +62,22 @@ if TYPE_CHECKING:
         all_to_all_single_autograd,
         traffic,
     )
+    from .cost import (
+        alpha_beta,
+        collective_time,
+        group_collective_time,
+        hierarchical_all_reduce_time,
+        link_time,
+        roofline_time,
+        traffic_time,
+    )
     from .launch import DistributedContext, DistributedError, init_from_env, run_distributed
     from .netem import NetworkEmulation, NetworkEmulator, VirtualClock
     from .presets import PRESETS, emulated_link, get_preset
     from .simulator import Resource, Simulator, Task, Timeline
+    from .timing import Timing, round_robin, time_call, torch_threads
     from .topology import Device, Link, Topology, balance_matched
+    from .training import TrainLoopConfig, TrainResult, train_loop
 
 __all__ = [
     "PRESETS",
@@ -75,15 +95,29 @@ __all__ = [
     "Simulator",
     "Task",
     "Timeline",
+    "Timing",
     "Topology",
     "Traffic",
+    "TrainLoopConfig",
+    "TrainResult",
     "VirtualClock",
     "all_reduce_autograd",
     "all_to_all_single_autograd",
+    "alpha_beta",
     "balance_matched",
+    "collective_time",
     "emulated_link",
     "get_preset",
+    "group_collective_time",
+    "hierarchical_all_reduce_time",
     "init_from_env",
+    "link_time",
+    "roofline_time",
+    "round_robin",
     "run_distributed",
+    "time_call",
+    "torch_threads",
     "traffic",
+    "traffic_time",
+    "train_loop",
 ]

@@ -51,6 +51,8 @@ from torch import nn
 from .atomic import OutputError, atomic_save, check_writable_dir
 
 __all__ = [
+    "Progress",
+    "progress_bar",
     "SCHEDULES",
     "STEPS_RULE",
     "CheckpointError",
@@ -427,6 +429,25 @@ def _evaluate(evaluate: Callable[[Model], dict[str, float]], model: Model) -> di
             return dict(evaluate(model))
     finally:
         model.train(was_training)
+
+
+Progress = Callable[[int, dict[str, float]], None]
+
+
+def progress_bar(progress: Any, *, total: int, label: str) -> Progress:
+    """A loop callback that drives a bar of a ``rich.progress.Progress`` (or anything with
+    its ``add_task``/``update``): the bar is made at the first step run, so a resumed run's
+    bar starts where the run was, and shows the latest loss. The loop itself only ever
+    sees the callback."""
+    bar: Any = None
+
+    def update(step: int, metrics: dict[str, float]) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = progress.add_task(label, total=total, completed=step - 1)
+        progress.update(bar, advance=1, description=f"{label} loss {metrics['loss']:.3f}")
+
+    return update
 
 
 def train_loop(config: TrainLoopConfig, *, build_model: Callable[[], Model],
