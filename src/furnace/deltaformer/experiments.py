@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from statistics import mean
+from typing import TypedDict
 
 import torch
 
@@ -46,9 +47,28 @@ WORKERS = 2  # runs side by side; the tables' seconds say so
 # the 1-layer DeltaFormer reached 0.37 last-position accuracy, at 3000 it reached 0.998
 STEPS = {"swap": 1500, "parity": 1500, "modarith": 3000}
 CHANCE = {"swap": 0.2, "parity": 0.5, "modarith": 0.2}
-LM_RECIPE = dict(task="lm", length=128, d_model=128, num_layers=4, num_heads=4, steps=600,
-                 batch_size=16, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95),
-                 eval_sequences=400)
+
+
+class _LMRecipe(TypedDict, total=False):
+    """The `TrainConfig` fields an LM recipe sets (a typed dict so `**` keeps field types)."""
+
+    task: str
+    length: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float
+    betas: tuple[float, float]
+    eval_sequences: int
+    corpus_bytes: int
+
+
+LM_RECIPE = _LMRecipe(task="lm", length=128, d_model=128, num_layers=4, num_heads=4, steps=600,
+                      batch_size=16, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95),
+                      eval_sequences=400)
 
 
 
@@ -86,12 +106,20 @@ def _train(ctx: RunContext, configs: list[TrainConfig]) -> list[TrainResult]:
     return [trained(c) for c in configs]
 
 
+def _measured(metric: float | None) -> float:
+    """A metric of a run that did not diverge: `train` sets it whenever the run finishes, and
+    these experiments never stop a run early."""
+    if metric is None:
+        raise ValueError("the run has no such metric: it stopped early or is of another task")
+    return metric
+
+
 def _last(r: TrainResult, length: int | None = None) -> float:
     """Last-position accuracy (at ``length``, default the training length); NaN for a run
     that diverged, so every claim on it fails."""
     if r.diverged_at is not None:
         return math.nan
-    return r.last_acc if length is None else r.last_acc_at[length]
+    return _measured(r.last_acc) if length is None else r.last_acc_at[length]
 
 
 def _cost(c: TrainConfig) -> float:
@@ -248,7 +276,7 @@ def _lm_configs() -> list[TrainConfig]:
 
 
 def _lm_cell(r: TrainResult) -> float | str:
-    return r.val_loss if r.diverged_at is None else f"NaN at step {r.diverged_at}"
+    return _measured(r.val_loss) if r.diverged_at is None else f"NaN at step {r.diverged_at}"
 
 
 def _mean_loss(runs: list[TrainResult]) -> float:
@@ -281,8 +309,8 @@ def lm(ctx: RunContext) -> Result:
                           and r.config.kappa1 == "softmax"])
     rel = mean_df / mean_tf - 1
     rows = [[_name(r), r.config.seed, r.params, _lm_cell(r)]
-            + ([math.exp(r.val_loss), r.val_loss - mean_tf] if r.diverged_at is None
-               else ["-", "-"]) + [r.seconds] for r in runs]
+            + ([math.exp(_measured(r.val_loss)), _measured(r.val_loss) - mean_tf]
+               if r.diverged_at is None else ["-", "-"]) + [r.seconds] for r in runs]
     return Result(
         tables=[Table(title="Byte-level LM, 4 layers, d=128, context 128, 600 steps",
                       columns=["model", "seed", "params", "val loss (nats/byte)",
@@ -307,16 +335,21 @@ def kappa1(ctx: RunContext) -> Result:
     tf_loss = _mean_loss(tf)
     by_key = {(r.config.task, _kappa_name(r.config.kappa1)): r for r in runs
               if r.config.mixer == "deltaformer" and r.config.seed == 0}
-    rows, lm_ok = [], []
+    rows: list[list[float | str]] = []
+    lm_ok: list[str] = []
+    solved: list[str] = []
     for k in map(_kappa_name, KAPPA1_VARIANTS):
         lm_run = by_key["lm", k]
-        rel = None if lm_run.diverged_at is not None else lm_run.val_loss / tf_loss - 1
-        rows.append([k, _last(by_key["swap", k]), _last(by_key["parity", k]),
-                     _last(by_key["parity", k], LONG), _last(by_key["modarith", k]),
+        rel = (None if lm_run.diverged_at is not None
+               else _measured(lm_run.val_loss) / tf_loss - 1)
+        swap, parity, modarith = (_last(by_key["swap", k]), _last(by_key["parity", k]),
+                                  _last(by_key["modarith", k]))
+        rows.append([k, swap, parity, _last(by_key["parity", k], LONG), modarith,
                      _lm_cell(lm_run), "diverged" if rel is None else f"{100 * rel:+.1f}%"])
         if rel is not None and abs(rel) <= 0.02:
             lm_ok.append(k)
-    solved = [row[0] for row in rows if all(row[i] >= 0.99 for i in (1, 2, 4))]
+        if all(acc >= 0.99 for acc in (swap, parity, modarith)):
+            solved.append(k)
     table = Table(
         title="kappa1 trade-off: 1-layer DeltaFormer on the tracking tasks (last-position "
         "accuracy) vs 4-layer DeltaFormer on the LM (seed 0)",

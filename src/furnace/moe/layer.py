@@ -49,7 +49,8 @@ class MoELayer(nn.Module):
         num_experts: global number of experts N (over the whole expert-parallel group).
         top_k: experts per token.
         d_hidden: expert hidden width (default 4 * d_model) when ``experts`` is None.
-        gate: a gate name (see `furnace.moe.gates.GATES`) or a `BaseGate`.
+        gate: a gate name (see `furnace.moe.gates.GATES`) or a `BaseGate`; a subclass whose
+            `route` adapts another gate interface may pass any gate module.
         gate_kwargs: extra arguments for a gate built by name.
         experts: an `ExpertBank` (`MLPExperts`, `ModuleExperts`, ...) with all
             ``num_experts`` experts, or with one rank's slice of them (``num_experts`` a
@@ -62,7 +63,7 @@ class MoELayer(nn.Module):
     """
 
     def __init__(self, *, d_model: int, num_experts: int, top_k: int = 2,
-                 d_hidden: int | None = None, gate: str | BaseGate = "naive",
+                 d_hidden: int | None = None, gate: str | nn.Module = "naive",
                  gate_kwargs: dict | None = None, experts: ExpertBank | None = None,
                  activation: str = "gelu") -> None:
         super().__init__()

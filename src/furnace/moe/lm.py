@@ -147,7 +147,12 @@ class MoETransformerLM(nn.Module):
 
     def moe_layers(self) -> list[MoELayer]:
         """The MoE layers, first block first."""
-        return [block.moe for block in self.blocks]
+        layers = []
+        for block in self.blocks:
+            # nn.ModuleList types its items as plain modules; every one is a Block
+            assert isinstance(block, Block)
+            layers.append(block.moe)
+        return layers
 
     def forward(self, idx_BT: torch.Tensor, targets_BT: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 
 from furnace.runtime.cliargs import (
@@ -109,7 +110,7 @@ def check_args(args: argparse.Namespace, ranks: int | None = None) -> None:
                 f"is only for --mode groups, got --mode {args.mode}")
     if ranks is not None:
         check_layout(args, ranks)
-    outputs = {}
+    outputs: dict[Path, str] = {}
     for flag in ("--json", "--vtu"):
         path = getattr(args, flag[2:])
         if path is not None:
@@ -259,8 +260,7 @@ def write_plots(res, out_dir) -> list[Path]:
                           kind="tangential" if m["kind"] == "T" else "radial")
         path = out / f"{res.planet}_{i:02d}_{label}_{f:.4f}mHz.png"
         try:
-            atomic_save(path, lambda stream, fig=fig: fig.savefig(stream, format="png",
-                                                                   dpi=110))
+            atomic_save(path, partial(fig.savefig, format="png", dpi=110))
         finally:
             plt.close(fig)
         paths.append(path)

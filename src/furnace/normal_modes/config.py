@@ -58,14 +58,26 @@ class ModesConfig:
             raise ValueError(f"mesh_size is relative to the radius: need 0 < h <= 1, got "
                              f"{self.mesh_size}")
         if self.lumped is None:
-            self.lumped = self.order == 1
+            self.lumped = self.lumped_mass
         if self.lumped and self.order == 2:
             raise ValueError("row-sum lumping is only valid for P1; P2 needs consistent mass")
         if self.fluid is None:
-            self.fluid = "split" if self.order == 1 else "welded"
+            self.fluid = self.fluid_form
         if self.fluid not in FLUID_FORMS:
             raise ValueError(f"fluid must be one of {FLUID_FORMS}, got {self.fluid!r}")
         if self.fluid == "split" and self.order != 1:
             raise ValueError("the split-node fluid form is implemented for P1 only")
         if self.slices < 1:
             raise ValueError(f"slices must be >= 1, got {self.slices}")
+
+    @property
+    def lumped_mass(self) -> bool:
+        """Whether the mass is lumped: ``lumped``, or the order's default where it is None."""
+        return self.order == 1 if self.lumped is None else self.lumped
+
+    @property
+    def fluid_form(self) -> str:
+        """The fluid-core form: ``fluid``, or the order's default where it is None."""
+        if self.fluid is None:
+            return "split" if self.order == 1 else "welded"
+        return self.fluid

@@ -81,7 +81,7 @@ def compute_modes(planet: str, fmin_mhz: float, fmax_mhz: float, *, mesh_size: f
     cfg = ModesConfig(planet=planet, fmin_mhz=fmin_mhz, fmax_mhz=fmax_mhz,
                       mesh_size=mesh_size, order=order, lumped=lumped, fluid=fluid,
                       slices=slices)
-    lumped, fluid = cfg.lumped, cfg.fluid
+    lumped, fluid = cfg.lumped_mass, cfg.fluid_form
     say = progress or (lambda text: None)
     model = homogeneous_ball() if planet == "ball" else load_planet(planet, data_dir)
     radius = model.surface_radius

@@ -18,6 +18,7 @@ Shape suffixes: T tokens, D d_model, K top_k, E experts per worker.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -200,7 +201,7 @@ class FMoE(MoELayer):
         else:
             if d_hidden is not None:
                 raise ValueError("d_hidden only applies to the fused experts of expert=None")
-            modules = [seeded(expert_seed(base_seed, first + i), lambda cls=cls: cls(d_model))
+            modules = [seeded(expert_seed(base_seed, first + i), partial(cls, d_model))
                        for i, cls in enumerate(classes)]
             bank = ModuleExperts(modules, d_model, first_expert=first, call_with_count=True)
         built_gate = _build_gate(gate, d_model, num_expert, world_size, top_k, gate_bias)

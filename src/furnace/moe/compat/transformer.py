@@ -51,7 +51,10 @@ class FMoETransformerMLP(FMoE, MoETransformerMLP):
             raise ValueError(f"expert_dp_comm must be a group name, got {expert_dp_comm!r}")
         FMoE.__init__(self, num_expert=num_expert, d_model=d_model, d_hidden=d_hidden,
                       activation=activation, **kwargs)
-        self.experts.htoh4.rank = self.experts.h4toh.rank = expert_rank
+        # no expert= reaches FMoE, so it built its fused bank
+        experts = self.experts
+        assert isinstance(experts, FusedExperts)
+        experts.htoh4.rank = experts.h4toh.rank = expert_rank
         self.mark_parallel_comm(expert_dp_comm)
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
