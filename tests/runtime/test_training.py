@@ -202,6 +202,24 @@ def test_hooks_supply_parameter_groups_and_see_every_backward():
     assert hooked.losses[0] == plain.losses[0] and hooked.losses != plain.losses
 
 
+def test_skip_step_skips_exactly_those_optimizer_updates():
+    # the hook sees the parameters before each step's update: a skipped step leaves them
+    # for the next step as they were, and the loss, lr and schedule still count the step
+    before: list[torch.Tensor] = []
+    skipped = {2, 3}
+
+    def skip_step(model: nn.Module) -> bool:
+        before.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+        return len(before) in skipped
+
+    result = _train(5, hooks=TrainHooks(skip_step=skip_step))
+    after = _params(result)
+    changed = [not torch.equal(a, b) for a, b in zip(before, [*before[1:], after])]
+    assert changed == [True, False, False, True, True]
+    assert result.steps_done == 5 and len(result.losses) == 5 and result.finished
+    assert result.lrs == _train(5).lrs
+
+
 def test_a_loss_that_is_not_finite_stops_the_run_before_any_update():
     def nan_loss(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         return _loss(model, batch) * float("nan")

@@ -9,6 +9,7 @@ from .config import BenchConfig, ExpertParallelConfig
 from .experts import ExpertBank, MLPExperts, ModuleExperts
 from .gates import GATES, BaseGate, GateContext, GateOutput, make_gate
 from .layer import MoELayer, MoETransformerMLP, RoutingStats
+from .lm import MoELMConfig, MoETransformerLM
 from .naive import naive_moe
 from .parallel import ExpertParallel, LayerStats, ddp_ignore_experts, expert_parallel
 from .perfmodel import MoEPerfModel, StepLatency
@@ -25,8 +26,10 @@ __all__ = [
     "LayerStats",
     "MLPExperts",
     "ModuleExperts",
+    "MoELMConfig",
     "MoELayer",
     "MoEPerfModel",
+    "MoETransformerLM",
     "MoETransformerMLP",
     "RoutingStats",
     "StepLatency",

@@ -149,11 +149,15 @@ class TrainHooks:
         clip_gradients: clips the gradients to a norm (default
             ``torch.nn.utils.clip_grad_norm_`` over ``model.parameters()``); a sharded
             model needs the norm reduced over its ranks.
+        skip_step: called after clipping; True skips this step's optimizer update (an
+            overflow under loss scaling). The loss and learning rate are still recorded and
+            the schedule still advances, so the learning rate stays a function of the step.
     """
 
     param_groups: Callable[[nn.Module], list[dict[str, Any]]] | None = None
     after_backward: Callable[[nn.Module], None] | None = None
     clip_gradients: Callable[[nn.Module, float], None] | None = None
+    skip_step: Callable[[nn.Module], bool] | None = None
 
 
 @dataclass(kw_only=True)
@@ -577,7 +581,8 @@ def train_loop(config: TrainLoopConfig, *, build_model: Callable[[], Model],
                 torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip)
             lr = float(optimizer.param_groups[0]["lr"])
             result.lrs.append(lr)
-            optimizer.step()
+            if hooks.skip_step is None or not hooks.skip_step(model):
+                optimizer.step()
             schedule.step()
             if step in cycle_ends:
                 # a resume extended the run: the next steps follow a fresh cycle

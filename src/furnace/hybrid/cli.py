@@ -1,0 +1,118 @@
+"""`furnace hybrid`: BaGuaLu's MoDa planner for a Sunway-class machine (issue 13, item 6).
+
+``furnace hybrid plan --params 14.5T --nodes 96000`` calibrates the one GEMM-efficiency
+factor on the paper's anchor (14.5T parameters at 1 EFLOPS on about 96,000 nodes, Ma et al.,
+PPoPP'22), then searches the MoDa layouts of the requested model and prints the best few
+with their memory, FLOPs, traffic per network level and step time. Every figure is
+modelled (`furnace.hybrid.planner`), never measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from furnace.runtime.atomic import atomic_write_text
+from furnace.runtime.cliargs import UsageError, float_in, int_in, output_file, positive_int
+
+MACHINES = ("sunway",)
+# the machine's node count bounds --nodes: a plan for more nodes than exist is a typo
+MAX_NODES = 1_000_000
+
+
+def _param_count(text: str) -> float:
+    from .config import parse_param_count
+
+    try:
+        return parse_param_count(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(subparsers: Any) -> None:
+    hyb = subparsers.add_parser("hybrid", help="BaGuaLu: MoDa hybrid parallelism (planner)")
+    sub = hyb.add_subparsers(dest="hybrid_command", metavar="COMMAND")
+    hyb.set_defaults(func=lambda args: (hyb.print_help(), 0)[1])
+    plan = sub.add_parser("plan", help="modelled MoDa layouts of an MoE model on a Sunway-class "
+                          "machine, calibrated on the paper's 14.5T at 1 EFLOPS")
+    plan.add_argument("--machine", choices=MACHINES, default="sunway",
+                      help="the machine preset (sunway: sunway-oceanlight, 6 core groups per "
+                      "node, 256-node supernodes, 16:3 oversubscription)")
+    plan.add_argument("--params", type=_param_count, default="14.5T",
+                      help="total parameters, e.g. 14.5T, 174T, 1.93e12")
+    plan.add_argument("--nodes", type=int_in(1, MAX_NODES), default=96_000,
+                      help="nodes of the machine to plan for")
+    plan.add_argument("--tokens-per-rank", type=positive_int, default=4096,
+                      help="tokens per core group and optimizer step")
+    plan.add_argument("--injection-gbps", type=float_in(0.0, 1e4, lo_open=True),
+                      default=None, help="per-node injection bandwidth in GB/s, which the "
+                      "paper does not give (default: the preset's assumed figure)")
+    plan.add_argument("--top", type=int_in(1, 20), default=3, help="layouts to show")
+    plan.add_argument("--json", type=output_file, default=None,
+                      help="also write the plans here (default: none)")
+    plan.set_defaults(func=_plan)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .planner import (
+        PAPER_EFLOPS,
+        PAPER_NODES,
+        PAPER_PARAMS,
+        CalibrationError,
+        calibrate,
+        default_topology,
+        search_layouts,
+        spec_for_machine,
+    )
+
+    params = args.params if isinstance(args.params, float) else _param_count(args.params)
+    bandwidth = None if args.injection_gbps is None else args.injection_gbps * 1e9
+    topology = default_topology(bandwidth)
+    try:
+        anchor = spec_for_machine(PAPER_PARAMS, PAPER_NODES, topology,
+                                  tokens_per_rank=args.tokens_per_rank)
+        cal = calibrate(anchor, PAPER_NODES * topology.ranks_per_node, topology)
+    except CalibrationError as exc:
+        raise UsageError("--tokens-per-rank", f"leaves no efficiency that reaches the paper's "
+                         f"1 EFLOPS on its anchor: {exc}") from None
+    spec = spec_for_machine(params, args.nodes, topology, tokens_per_rank=args.tokens_per_rank)
+    world = args.nodes * topology.ranks_per_node
+    found = search_layouts(spec, world, topology, efficiency=cal.efficiency, top=args.top)
+
+    # eleven columns: narrower than this, rich would truncate the figures themselves
+    console = Console(width=max(Console().width, 132))
+    console.print(f"{spec.total_params / 1e12:.3g}T parameters ({spec.num_layers} layers, "
+                  f"width {spec.d_model}, {spec.num_experts} experts per layer, top-{spec.top_k})"
+                  f" on {args.nodes:,} nodes ({world:,} core groups) of {topology.name}; "
+                  f"all figures modelled")
+    console.print(f"GEMM efficiency {cal.efficiency:.3f} of bf16 peak, calibrated on "
+                  f"{PAPER_PARAMS} at {PAPER_EFLOPS:g} EFLOPS on {PAPER_NODES:,} nodes (paper)")
+    if args.json is not None:
+        record = {"label": "modelled", "efficiency": cal.efficiency,
+                  "feasible": [p.to_dict() for p in found.feasible],
+                  "infeasible": [p.to_dict() for p in found.infeasible],
+                  "reason": found.reason}
+        atomic_write_text(args.json, json.dumps(record, indent=2) + "\n")
+    if not found.ok:
+        console.print(f"no layout fits: {found.reason}")
+        return 1
+    table = Table(title="MoDa layouts, fastest first (modelled)")
+    for column in ("ep", "copies", "shard", "recomp", "GB per CG", "EFLOP/step",
+                   "a2a GB in/out SN", "sync GB", "step s", "EFLOPS", "binding"):
+        table.add_column(column, no_wrap=column != "binding")
+    for p in found.feasible:
+        inside = sum(v for k, v in p.a2a_bytes.items() if k != "inter_group")
+        across = p.a2a_bytes.get("inter_group", 0.0)
+        table.add_row(str(p.layout.ep_size), str(p.layout.dp_size),
+                      "yes" if p.layout.shard_states else "no",
+                      "yes" if p.layout.recompute else "no",
+                      f"{p.memory.total / 1e9:.2f}/{p.memory.capacity / 1e9:.0f}",
+                      f"{p.flops_total / 1e18:.4g}", f"{inside / 1e9:.2f} / {across / 1e9:.2f}",
+                      f"{sum(p.sync_bytes.values()) / 1e9:.1f}", f"{p.step_s:.1f}",
+                      f"{p.achieved_flops / 1e18:.3f}", p.binding)
+    console.print(table)
+    return 0

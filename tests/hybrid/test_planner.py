@@ -1,0 +1,103 @@
+"""BaGuaLu's planner (Ma et al., PPoPP'22; furnace.hybrid.planner): memory by hand count,
+bytes per level in closed form, the calibration anchor, feasibility and layout validation."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from furnace.hybrid.config import LayoutError, MoDaLayout, MoEModelSpec, parse_param_count
+from furnace.hybrid.planner import (
+    PAPER_NODES,
+    calibrate,
+    default_topology,
+    plan,
+    search_layouts,
+    spec_for_machine,
+)
+
+TINY = MoEModelSpec(num_layers=2, d_model=8, d_hidden=16, num_experts=4, top_k=2,
+                    num_heads=2, seq_len=4, vocab=10, tokens_per_step=24)
+
+
+def test_parameter_count_by_hand():
+    # attention 4*64 + 8*8 = 320, gate 8*4 + 4 = 36, expert 2*8*16 + 16 + 8 = 280
+    assert TINY.expert_params == 280
+    assert TINY.replicated_params == 2 * (320 + 36) + (10 + 4 + 2) * 8
+    assert TINY.total_params == 2 * (320 + 36) + 128 + 2 * 4 * 280
+
+
+def test_memory_accounting_exact_on_a_tiny_spec():
+    layout = MoDaLayout(world_size=12, ep_size=4, shard_states=False, recompute=False)
+    p = plan(TINY, layout)
+    resident = TINY.replicated_params + 2 * 1 * 280  # one expert per rank per layer
+    assert p.memory.params == 2 * resident
+    assert p.memory.grads == 2 * resident
+    assert p.memory.optimizer == 12 * resident
+    assert p.memory.working == 0
+    # 2 tokens per rank; per token and layer: attention 2*(6*8 + 2*4) = 112, MoE
+    # 2*16 + 4*4 + 2*2*(8 + 32) = 208; fp32 logits 4*10 per token
+    assert p.memory.activations == 2 * 2 * (112 + 208) + 2 * 40
+    sharded = plan(TINY, MoDaLayout(world_size=12, ep_size=4, shard_states=True,
+                                    recompute=True))
+    expected_resident = TINY.replicated_params / 12 + 2 * 280 / 3
+    assert sharded.memory.params == pytest.approx(2 * expected_resident, rel=1e-12)
+    assert sharded.memory.working == 4 * max(320 + 36 + 280, 128)
+    assert sharded.memory.activations == 2 * 2 * 2 * 8 + 2 * (112 + 208) + 2 * 40
+
+
+def test_all_to_all_bytes_per_level_equal_the_closed_form():
+    # 12 ranks per EP group on nodes of 6 ranks and supernodes of 2 nodes (12 ranks)
+    topo = default_topology().replace(nodes_per_group=1)
+    spec = MoEModelSpec(num_layers=3, d_model=8, d_hidden=16, num_experts=12, top_k=2,
+                        num_heads=2, seq_len=4, vocab=10, tokens_per_step=12 * 60)
+    p = plan(spec, MoDaLayout(world_size=24, ep_size=12), topo)
+    picks = 60 / 2 * 2  # tokens per rank x k
+    per_exchange = {"intra_node": 5, "inter_node": 0, "inter_group": 6}
+    for level, peers in per_exchange.items():
+        assert p.a2a_bytes[level] == 4 * 3 * picks * peers / 12 * 2 * 8, level
+        messages = min(peers, math.ceil(picks * peers / 12)) if peers else 0
+        assert p.a2a_messages[level] == 4 * 3 * messages, level
+    assert p.a2a_level == "inter_group"
+
+
+def test_calibration_reproduces_its_anchor():
+    spec = spec_for_machine("14.5T", PAPER_NODES)
+    cal = calibrate(spec, PAPER_NODES * 6)
+    assert 0 < cal.efficiency <= 1
+    assert cal.anchor.achieved_flops == pytest.approx(1e18, rel=1e-12)
+
+
+def test_174t_fits_and_a_larger_model_is_reported_infeasible():
+    spec = spec_for_machine("174T", PAPER_NODES)
+    assert spec.total_params == pytest.approx(174e12, rel=0.01)
+    found = search_layouts(spec, PAPER_NODES * 6)
+    assert found.ok and found.best.memory.fits
+    # the whole machine holds the 16 bytes per parameter
+    assert 16 * spec.total_params < PAPER_NODES * 96e9
+    too_big = search_layouts(spec_for_machine("1000T", PAPER_NODES), PAPER_NODES * 6)
+    assert not too_big.ok
+    assert too_big.reason.startswith("infeasible")
+    assert too_big.infeasible and not too_big.infeasible[0].memory.fits
+    assert too_big.infeasible[0].binding.startswith("memory")
+    with pytest.raises(LayoutError, match="infeasible"):
+        too_big.best  # noqa: B018 - the property raises
+
+
+def test_layout_validation_errors():
+    with pytest.raises(LayoutError, match="ep_size.*divide world_size"):
+        MoDaLayout(world_size=12, ep_size=5)
+    with pytest.raises(LayoutError, match="ep_size.*<= world_size"):
+        MoDaLayout(world_size=4, ep_size=8)
+    with pytest.raises(LayoutError, match="world_size"):
+        MoDaLayout(world_size=0, ep_size=1)
+    with pytest.raises(LayoutError, match="num_experts"):
+        MoDaLayout(world_size=12, ep_size=6).validate_for(TINY)
+    with pytest.raises(LayoutError, match="tokens_per_step"):
+        MoDaLayout(world_size=16, ep_size=4).validate_for(TINY)
+    with pytest.raises(LayoutError, match="top_k"):
+        MoEModelSpec(num_experts=1, top_k=2)
+    with pytest.raises(ValueError, match="parameter count"):
+        parse_param_count("14.5X")
+    assert parse_param_count("14.5T") == 14.5e12
