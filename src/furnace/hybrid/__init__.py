@@ -1,11 +1,27 @@
 """BaGuaLu (Ma et al., PPoPP'22) in Furnace: MoDa hybrid-parallel training of MoE models on a
 supercomputer's hierarchy (issue 13, in progress).
 
-Built so far: the planner for a Sunway-class machine (`planner`, `furnace hybrid plan`) and
-mixed precision as BaGuaLu uses it (`precision`). See README.md for what follows the paper
+Built so far: the planner for a Sunway-class machine (`planner`, `furnace hybrid plan`),
+mixed precision as BaGuaLu uses it (`precision`) and the two-level all-to-all across
+supernodes (`alltoall`). See README.md for what follows the paper
 and what is our reconstruction.
 """
 
+from .alltoall import (
+    AllToAllTimingConfig,
+    ExchangePlan,
+    LevelTraffic,
+    SupernodeAllToAll,
+    SupernodeLayout,
+    TrafficByLevel,
+    closed_form_traffic,
+    emulated_supernode_topology,
+    exchange_timings,
+    logged_traffic,
+    measured_crossover,
+    model_crossover_bytes,
+    modelled_time,
+)
 from .config import LayoutError, MoDaLayout, MoEModelSpec, parse_param_count
 from .planner import (
     BYTES_PER_PARAM,
@@ -44,11 +60,14 @@ __all__ = [
     "PAPER_EFLOPS",
     "PAPER_NODES",
     "PAPER_PARAMS",
+    "AllToAllTimingConfig",
     "Calibration",
     "CalibrationError",
     "DynamicLossScaler",
+    "ExchangePlan",
     "LayoutError",
     "LayoutSearch",
+    "LevelTraffic",
     "LossScaleConfig",
     "MemoryAccount",
     "MemoryBreakdown",
@@ -59,11 +78,21 @@ __all__ = [
     "Plan",
     "PrecisionSpeed",
     "PrecisionSpeedConfig",
+    "SupernodeAllToAll",
+    "SupernodeLayout",
+    "TrafficByLevel",
     "account_memory",
     "calibrate",
+    "closed_form_traffic",
     "default_topology",
+    "emulated_supernode_topology",
+    "exchange_timings",
+    "logged_traffic",
     "measure_memory",
     "measure_precision_speed",
+    "measured_crossover",
+    "model_crossover_bytes",
+    "modelled_time",
     "parse_param_count",
     "plan",
     "search_layouts",
