@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from furnace.hybrid.config import LayoutError, MoDaLayout, MoEModelSpec, parse_param_count
+from furnace.hybrid.config import LayoutError, MoEModelSpec, PlanLayout, parse_param_count
 from furnace.hybrid.planner import (
     PAPER_NODES,
     calibrate,
@@ -29,7 +29,7 @@ def test_parameter_count_by_hand():
 
 
 def test_memory_accounting_exact_on_a_tiny_spec():
-    layout = MoDaLayout(world_size=12, ep_size=4, shard_states=False, recompute=False)
+    layout = PlanLayout(world_size=12, ep_size=4, shard_states=False, recompute=False)
     p = plan(TINY, layout)
     resident = TINY.replicated_params + 2 * 1 * 280  # one expert per rank per layer
     assert p.memory.params == 2 * resident
@@ -39,7 +39,7 @@ def test_memory_accounting_exact_on_a_tiny_spec():
     # 2 tokens per rank; per token and layer: attention 2*(6*8 + 2*4) = 112, MoE
     # 2*16 + 4*4 + 2*2*(8 + 32) = 208; fp32 logits 4*10 per token
     assert p.memory.activations == 2 * 2 * (112 + 208) + 2 * 40
-    sharded = plan(TINY, MoDaLayout(world_size=12, ep_size=4, shard_states=True,
+    sharded = plan(TINY, PlanLayout(world_size=12, ep_size=4, shard_states=True,
                                     recompute=True))
     expected_resident = TINY.replicated_params / 12 + 2 * 280 / 3
     assert sharded.memory.params == pytest.approx(2 * expected_resident, rel=1e-12)
@@ -52,7 +52,7 @@ def test_all_to_all_bytes_per_level_equal_the_closed_form():
     topo = default_topology().replace(nodes_per_group=1)
     spec = MoEModelSpec(num_layers=3, d_model=8, d_hidden=16, num_experts=12, top_k=2,
                         num_heads=2, seq_len=4, vocab=10, tokens_per_step=12 * 60)
-    p = plan(spec, MoDaLayout(world_size=24, ep_size=12), topo)
+    p = plan(spec, PlanLayout(world_size=24, ep_size=12), topo)
     picks = 60 / 2 * 2  # tokens per rank x k
     per_exchange = {"intra_node": 5, "inter_node": 0, "inter_group": 6}
     for level, peers in per_exchange.items():
@@ -87,15 +87,15 @@ def test_174t_fits_and_a_larger_model_is_reported_infeasible():
 
 def test_layout_validation_errors():
     with pytest.raises(LayoutError, match="ep_size.*divide world_size"):
-        MoDaLayout(world_size=12, ep_size=5)
+        PlanLayout(world_size=12, ep_size=5)
     with pytest.raises(LayoutError, match="ep_size.*<= world_size"):
-        MoDaLayout(world_size=4, ep_size=8)
+        PlanLayout(world_size=4, ep_size=8)
     with pytest.raises(LayoutError, match="world_size"):
-        MoDaLayout(world_size=0, ep_size=1)
+        PlanLayout(world_size=0, ep_size=1)
     with pytest.raises(LayoutError, match="num_experts"):
-        MoDaLayout(world_size=12, ep_size=6).validate_for(TINY)
+        PlanLayout(world_size=12, ep_size=6).validate_for(TINY)
     with pytest.raises(LayoutError, match="tokens_per_step"):
-        MoDaLayout(world_size=16, ep_size=4).validate_for(TINY)
+        PlanLayout(world_size=16, ep_size=4).validate_for(TINY)
     with pytest.raises(LayoutError, match="top_k"):
         MoEModelSpec(num_experts=1, top_k=2)
     with pytest.raises(ValueError, match="parameter count"):

@@ -2,8 +2,9 @@
 supercomputer's hierarchy (issue 13, in progress).
 
 Built so far: the planner for a Sunway-class machine (`planner`, `furnace hybrid plan`),
-mixed precision as BaGuaLu uses it (`precision`) and the two-level all-to-all across
-supernodes (`alltoall`). See README.md for what follows the paper
+mixed precision as BaGuaLu uses it (`precision`), the two-level all-to-all across
+supernodes (`alltoall`), and the MoDa layout, gradient reduction and trainer (`layout`,
+`moda`) with their single-process reference (`naive`). See README.md for what follows the paper
 and what is our reconstruction.
 """
 
@@ -22,7 +23,10 @@ from .alltoall import (
     model_crossover_bytes,
     modelled_time,
 )
-from .config import LayoutError, MoDaLayout, MoEModelSpec, parse_param_count
+from .config import LayoutError, MoEModelSpec, PlanLayout, parse_param_count
+from .layout import MoDaGroups, MoDaLayout
+from .moda import MoDa, ParamKind, moda_parallel, train_moda
+from .naive import ReferenceStep, lm_loss, reference_training
 from .planner import (
     BYTES_PER_PARAM,
     PAPER_EFLOPS,
@@ -73,11 +77,16 @@ __all__ = [
     "MemoryBreakdown",
     "MixedPrecision",
     "MixedPrecisionConfig",
+    "MoDa",
+    "MoDaGroups",
     "MoDaLayout",
     "MoEModelSpec",
+    "ParamKind",
     "Plan",
+    "PlanLayout",
     "PrecisionSpeed",
     "PrecisionSpeedConfig",
+    "ReferenceStep",
     "SupernodeAllToAll",
     "SupernodeLayout",
     "TrafficByLevel",
@@ -87,15 +96,19 @@ __all__ = [
     "default_topology",
     "emulated_supernode_topology",
     "exchange_timings",
+    "lm_loss",
     "logged_traffic",
     "measure_memory",
     "measure_precision_speed",
     "measured_crossover",
+    "moda_parallel",
     "model_crossover_bytes",
     "modelled_time",
     "parse_param_count",
     "plan",
+    "reference_training",
     "search_layouts",
     "sensitivity",
     "spec_for_machine",
+    "train_moda",
 ]

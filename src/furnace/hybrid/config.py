@@ -1,13 +1,13 @@
 """Configs of BaGuaLu's planner (Ma et al., PPoPP'22): the MoE model and the MoDa layout.
 
 `MoEModelSpec` is an M6-style MoE transformer in which every layer's FFN is a top-k MoE
-layer; `MoDaLayout` is a MoDa layout (MoE expert parallelism + data parallelism) on core
+layer; `PlanLayout` is a MoDa layout (MoE expert parallelism + data parallelism) on core
 groups (CGs). What follows the paper: parameter counts (1.93T, 14.5T, 174T), ranks being
 Sunway core groups, mixed precision with Adam (2 + 2 + 4 + 8 bytes per parameter), and the
 partitioning of parameters, gradients and optimizer states (design note B.3). What is
 reconstruction: BaGuaLu's model shapes are not public, so `MoEModelSpec.from_param_count`
 chooses them by the rule in its docstring, and the ZeRO-style partitioning scheme
-(`MoDaLayout.shard_states`) is our reading of "partitioning".
+(`PlanLayout.shard_states`) is our reading of "partitioning".
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["LayoutError", "MoDaLayout", "MoEModelSpec", "parse_param_count"]
+__all__ = ["LayoutError", "PlanLayout", "MoEModelSpec", "parse_param_count"]
 
 _SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
 
@@ -141,7 +141,7 @@ class MoEModelSpec:
 
 
 @dataclass(frozen=True)
-class MoDaLayout:
+class PlanLayout:
     """A MoDa layout on ``world_size`` ranks (core groups), laid out node-major.
 
     Experts are split over expert-parallel groups of ``ep_size`` consecutive ranks (so a

@@ -1,6 +1,6 @@
 """BaGuaLu's planner for a Sunway-class machine (Ma et al., PPoPP'22; design note B.2-B.4, C.5).
 
-For an `MoEModelSpec` and a `MoDaLayout` on a `Topology` (default the ``sunway-oceanlight``
+For an `MoEModelSpec` and a `PlanLayout` on a `Topology` (default the ``sunway-oceanlight``
 preset: a rank is one core group) it computes, per rank and step: memory (parameters,
 gradients, optimizer state at 2 + 2 + 4 + 8 bytes per parameter with Adam in mixed
 precision, activations, gathered working buffers), FLOPs, all-to-all and gradient-sync
@@ -12,7 +12,7 @@ The model, and what is reconstruction (the paper gives none of these):
 - FLOPs are explicit per-layer matmul counts, per token forward: attention projections
   8H^2, attention scores and context 4SH (no causal halving), gate 2HE, experts 4kHF,
   output logits 2VH; backward is twice the forward, so a step is 3x forward over all
-  tokens. With activation checkpointing (`MoDaLayout.recompute`) the time counts one more
+  tokens. With activation checkpointing (`PlanLayout.recompute`) the time counts one more
   forward, the FLOPs (and FLOP/s) do not: they are the model's useful FLOPs.
   `Plan.six_n_active_flops` gives the 6 N_active rule beside them.
 - Routing is balanced (SWIPE): each rank computes T k / W token-expert pairs, and each
@@ -46,7 +46,7 @@ from furnace.runtime.cost import (
 from furnace.runtime.presets import get_preset
 from furnace.runtime.topology import Device, LinkLevel, Topology
 
-from .config import LayoutError, MoDaLayout, MoEModelSpec
+from .config import LayoutError, MoEModelSpec, PlanLayout
 
 __all__ = [
     "BYTES_PER_PARAM",
@@ -127,7 +127,7 @@ class Plan:
     """One layout's modelled figures, per rank and optimizer step unless said otherwise."""
 
     spec: MoEModelSpec
-    layout: MoDaLayout
+    layout: PlanLayout
     topology: str
     efficiency: float
     memory: MemoryBreakdown
@@ -223,7 +223,7 @@ def _activation_bytes_per_token_layer(spec: MoEModelSpec) -> float:
     return float(attention + moe)
 
 
-def _memory(spec: MoEModelSpec, layout: MoDaLayout, topology: Topology) -> MemoryBreakdown:
+def _memory(spec: MoEModelSpec, layout: PlanLayout, topology: Topology) -> MemoryBreakdown:
     experts_per_rank = spec.num_experts // layout.ep_size
     expert_params = spec.num_layers * experts_per_rank * spec.expert_params
     replicated = spec.replicated_params
@@ -270,7 +270,7 @@ def _derated(device: Device, efficiency: float) -> Device:
                                            for k, v in device.peak_flops.items()})
 
 
-def plan(spec: MoEModelSpec, layout: MoDaLayout, topology: Topology | None = None, *,
+def plan(spec: MoEModelSpec, layout: PlanLayout, topology: Topology | None = None, *,
          efficiency: float = 1.0) -> Plan:
     """The modelled figures of ``spec`` under ``layout``; raises `LayoutError` if invalid.
 
@@ -389,7 +389,7 @@ def search_layouts(spec: MoEModelSpec, world_size: int, topology: Topology | Non
     plans = []
     for ep in divisors(math.gcd(spec.num_experts, world_size)):
         for shard, recompute in ((True, True), (True, False), (False, True), (False, False)):
-            layout = MoDaLayout(world_size=world_size, ep_size=ep, shard_states=shard,
+            layout = PlanLayout(world_size=world_size, ep_size=ep, shard_states=shard,
                                 recompute=recompute)
             try:
                 plans.append(plan(spec, layout, topo, efficiency=efficiency))
