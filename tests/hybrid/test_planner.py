@@ -101,3 +101,31 @@ def test_layout_validation_errors():
     with pytest.raises(ValueError, match="parameter count"):
         parse_param_count("14.5X")
     assert parse_param_count("14.5T") == 14.5e12
+
+
+def test_sensitivity_recalibrates_per_bandwidth_and_scales_the_anchor():
+    from furnace.hybrid.planner import (
+        PAPER_NODES,
+        PAPER_PARAMS,
+        calibrate,
+        sensitivity,
+        spec_for_machine,
+    )
+
+    world = PAPER_NODES * 6
+    base = calibrate(spec_for_machine(PAPER_PARAMS, PAPER_NODES), world)
+    preset_bw = default_topology().inter_node.bandwidth_Bps * 6
+    rows = sensitivity([("174T", PAPER_NODES)], bandwidths_Bps=[preset_bw, 4 * preset_bw],
+                       efficiency_scales=[1.0, 0.5])
+    by_bw = [r for r in rows if r["vary"] == "injection bandwidth"]
+    by_eff = [r for r in rows if r["vary"] == "GEMM efficiency"]
+    assert [r["value"] for r in by_bw] == [preset_bw, 4 * preset_bw]
+    # at the preset's own bandwidth the recalibration is the calibration itself
+    assert by_bw[0]["efficiency"] == pytest.approx(base.efficiency, rel=1e-12)
+    # more bandwidth leaves more of the anchor's step to compute: less efficiency needed
+    assert by_bw[1]["efficiency"] < by_bw[0]["efficiency"]
+    assert by_bw[0]["174T@96000"] is not None and by_bw[0]["174T@96000"] > 0
+    key = f"{PAPER_PARAMS}@{PAPER_NODES}"
+    # the calibrated factor reproduces the anchor; halving it must slow the anchor down
+    assert by_eff[0][key] == pytest.approx(1e18, rel=1e-9)
+    assert by_eff[1][key] < by_eff[0][key]
