@@ -30,6 +30,14 @@ class LayoutError(ValueError):
         super().__init__(f"{field_name}: {allowed}")
 
 
+def _require_positive_ints(config: object, names: tuple[str, ...]) -> None:
+    """Each named field an integer >= 1 (a bool is not a count)."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LayoutError(name, f"must be an integer >= 1, got {value!r}")
+
+
 def parse_param_count(text: str) -> float:
     """"14.5T" -> 1.45e13; suffixes K, M, G or B, T, P (case-insensitive); a bare number too."""
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]?)\s*", text)
@@ -62,11 +70,9 @@ class MoEModelSpec:
                                  metadata={"help": "tokens in one optimizer step, all ranks"})
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "d_model", "d_hidden", "num_experts", "top_k", "num_heads",
-                     "seq_len", "vocab", "tokens_per_step"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise LayoutError(name, f"must be an integer >= 1, got {value!r}")
+        _require_positive_ints(self, ("num_layers", "d_model", "d_hidden", "num_experts",
+                                      "top_k", "num_heads", "seq_len", "vocab",
+                                      "tokens_per_step"))
         if self.top_k > self.num_experts:
             raise LayoutError("top_k", f"must be <= num_experts ({self.num_experts}), "
                               f"got {self.top_k}")
@@ -162,10 +168,7 @@ class PlanLayout:
         "the backward pass (one extra forward)"})
 
     def __post_init__(self) -> None:
-        for name in ("world_size", "ep_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise LayoutError(name, f"must be an integer >= 1, got {value!r}")
+        _require_positive_ints(self, ("world_size", "ep_size"))
         if self.ep_size > self.world_size:
             raise LayoutError("ep_size", f"must be <= world_size ({self.world_size}), "
                               f"got {self.ep_size}")
