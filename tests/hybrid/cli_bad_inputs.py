@@ -1,4 +1,4 @@
-"""Bad inputs for `furnace hybrid` (plan); `tests/test_cli_contract.py` runs them all.
+"""Bad inputs for `furnace hybrid` (plan, train); `tests/test_cli_contract.py` runs them all.
 
 Each case is (id, argv after `furnace`).
 """
@@ -24,4 +24,21 @@ BAD_INPUTS: list[tuple[str, list[str]]] = [
     ("plan-json-is-a-folder", ["hybrid", "plan", "--json", str(Path(_FILE).parent)]),
     ("plan-json-under-a-file", ["hybrid", "plan", "--json", _FILE + "/plan.json"]),
     ("plan-unknown-flag", ["hybrid", "plan", "--param", "14.5T"]),
+    ("train-world-size-zero", ["hybrid", "train", "--world-size", "0"]),
+    ("train-ep-not-dividing-world", ["hybrid", "train", "--world-size", "4",
+                                     "--expert-parallel-size", "3"]),
+    ("train-ep-not-dividing-experts", ["hybrid", "train", "--world-size", "4",
+                                       "--expert-parallel-size", "4", "--num-experts", "6"]),
+    ("train-ep-straddles-node", ["hybrid", "train", "--world-size", "4",
+                                 "--expert-parallel-size", "4", "--ranks-per-node", "3"]),
+    ("train-batch-not-divisible", ["hybrid", "train", "--world-size", "4", "--batch-size", "6"]),
+    ("train-heads-not-dividing", ["hybrid", "train", "--d-model", "16", "--num-heads", "3"]),
+    ("train-unknown-precision", ["hybrid", "train", "--precision", "fp8"]),
+    ("train-lr-zero", ["hybrid", "train", "--lr", "0"]),
+    ("train-resume-without-checkpoint", ["hybrid", "train", "--resume"]),
+    ("train-every-without-checkpoint", ["hybrid", "train", "--checkpoint-every", "2"]),
+    ("train-resume-missing-checkpoint", ["hybrid", "train", "--resume", "--checkpoint",
+                                         str(Path(_FILE).parent / "no-such-checkpoint")]),
+    ("train-checkpoint-is-a-file", ["hybrid", "train", "--checkpoint", _FILE]),
+    ("train-switch-top-2", ["hybrid", "train", "--gate", "switch", "--top-k", "2"]),
 ]

@@ -83,3 +83,30 @@ def test_rank_outside_the_world_is_refused():
     layout = MoDaLayout(world_size=4, expert_parallel_size=2)
     with pytest.raises(ValueError, match="rank 4 is outside a world of 4"):
         layout.shard_of(4)
+
+
+def test_plan_layout_and_moda_layout_share_one_divides_rule():
+    from furnace.hybrid.config import LayoutError, PlanLayout
+
+    for world in range(1, 25):
+        for ep in range(1, world + 1):
+            try:
+                MoDaLayout(world_size=world, expert_parallel_size=ep)
+                runtime_ok = True
+            except ValueError:
+                runtime_ok = False
+            try:
+                planned = PlanLayout(world_size=world, ep_size=ep)
+                planner_ok = True
+            except LayoutError:
+                planner_ok = False
+            assert runtime_ok == planner_ok == (world % ep == 0), (world, ep)
+            if planner_ok:
+                assert planned.moda_layout().expert_data_parallel_size == planned.dp_size
+
+
+def test_allowed_sizes_are_the_divisors_that_fit_the_hierarchy():
+    assert MoDaLayout.allowed_sizes(12) == [1, 2, 3, 4, 6, 12]
+    # 2-rank nodes, 2-node supernodes: 3 and 6 would straddle a node, 12 is 3 supernodes
+    assert MoDaLayout.allowed_sizes(12, toy_topology(2, 2)) == [1, 2, 4, 12]
+    assert MoDaLayout.allowed_sizes(0) == []

@@ -12,10 +12,13 @@ from furnace.hybrid.planner import (
     PAPER_NODES,
     calibrate,
     default_topology,
+    divisors,
     plan,
     search_layouts,
     spec_for_machine,
 )
+from furnace.runtime.cost import collective_time
+from furnace.runtime.topology import divisors as runtime_divisors
 
 TINY = MoEModelSpec(num_layers=2, d_model=8, d_hidden=16, num_experts=4, top_k=2,
                     num_heads=2, seq_len=4, vocab=10, tokens_per_step=24)
@@ -129,3 +132,49 @@ def test_sensitivity_recalibrates_per_bandwidth_and_scales_the_anchor():
     # the calibrated factor reproduces the anchor; halving it must slow the anchor down
     assert by_eff[0][key] == pytest.approx(1e18, rel=1e-9)
     assert by_eff[1][key] < by_eff[0][key]
+
+
+def test_untied_output_projection_adds_v_h():
+    untied = MoEModelSpec(**{**TINY.__dict__, "tied_embeddings": False})
+    assert untied.total_params - TINY.total_params == TINY.vocab * TINY.d_model
+    assert untied.replicated_params - TINY.replicated_params == TINY.vocab * TINY.d_model
+    with pytest.raises(LayoutError, match="tied_embeddings"):
+        MoEModelSpec(tied_embeddings=1)  # type: ignore[arg-type]
+
+
+def test_element_bytes_scale_the_exchanged_and_synchronized_bytes():
+    layout = PlanLayout(world_size=12, ep_size=4, shard_states=False)
+    bf16 = plan(TINY, layout)
+    fp32 = plan(TINY, layout, element_bytes=4)
+    for level, value in bf16.a2a_bytes.items():
+        assert fp32.a2a_bytes[level] == 2 * value
+    assert sum(fp32.sync_bytes.values()) == pytest.approx(2 * sum(bf16.sync_bytes.values()),
+                                                          rel=1e-3)
+    assert fp32.a2a_messages == bf16.a2a_messages and fp32.flops_total == bf16.flops_total
+    with pytest.raises(LayoutError, match="element_bytes"):
+        plan(TINY, layout, element_bytes=0)
+
+
+def test_ring_sync_is_one_flat_ring_over_the_world():
+    layout = PlanLayout(world_size=12, ep_size=4, shard_states=False)
+    topo = default_topology()
+    default = plan(TINY, layout, topo)
+    assert default.sync_s == plan(TINY, layout, topo, sync_algorithm="hierarchical").sync_s
+    ring = plan(TINY, layout, topo, sync_algorithm="ring")
+    grad_bytes = 2 * TINY.replicated_params
+    expert_bytes = 2 * TINY.num_layers * (TINY.num_experts // 4) * TINY.expert_params
+    # 12 ranks are 2 nodes of one supernode: the world ring and the replicas cross nodes
+    expected = (collective_time("all_reduce", grad_bytes, 12, topo.inter_node)
+                + collective_time("all_reduce", expert_bytes, 3, topo.inter_node))
+    assert ring.sync_s == pytest.approx(expected, rel=1e-12)
+    assert ring.sync_bytes["intra_node"] == 0
+    # the two algorithms move the same total bytes for the world all-reduce
+    assert sum(ring.sync_bytes.values()) == pytest.approx(sum(default.sync_bytes.values()),
+                                                          rel=1e-3)
+    with pytest.raises(LayoutError, match="sync_algorithm"):
+        plan(TINY, layout, topo, sync_algorithm="tree")  # type: ignore[arg-type]
+
+
+def test_divisors_is_the_runtime_helper():
+    assert divisors is runtime_divisors
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]

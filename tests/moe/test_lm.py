@@ -88,6 +88,12 @@ def test_config_errors():
         MoELMConfig(num_experts=2, top_k=3)
     with pytest.raises(ValueError, match="gate"):
         MoELMConfig(gate="nope")
+    # gates whose rule is defined for one number of choices refuse the others up front
+    with pytest.raises(ValueError, match="top_k must be 1"):
+        MoELMConfig(gate="switch", top_k=2)
+    with pytest.raises(ValueError, match="top_k must be 2"):
+        MoELMConfig(gate="gshard", top_k=1)
+    assert MoELMConfig(gate="switch", top_k=1).top_k == 1
     with pytest.raises(ValueError, match="num_layers"):
         MoELMConfig(num_layers=0)
     with pytest.raises(ValueError, match="dropout"):

@@ -1,11 +1,16 @@
 """BaGuaLu (Ma et al., PPoPP'22) in Furnace: MoDa hybrid-parallel training of MoE models on a
-supercomputer's hierarchy (issue 13, in progress).
+supercomputer's hierarchy.
 
-Built so far: the planner for a Sunway-class machine (`planner`, `furnace hybrid plan`),
-mixed precision as BaGuaLu uses it (`precision`), the two-level all-to-all across
-supernodes (`alltoall`), and the MoDa layout, gradient reduction and trainer (`layout`,
-`moda`) with their single-process reference (`naive`). See README.md for what follows the paper
-and what is our reconstruction.
+- the MoDa layout, gradient reduction and trainer (`layout`, `moda`, `train`,
+  ``furnace hybrid train``) with their single-process reference (`naive`);
+- mixed precision as BaGuaLu uses it (`precision`): bf16, or fp16 with loss scaling;
+- the two-level all-to-all across supernodes (`alltoall`);
+- load balance: SWIPE against GShard and Switch at emulated scale (`balance`);
+- resharding checkpoints in `torch.distributed.checkpoint`'s format (`checkpoint`);
+- the planner for a Sunway-class machine (`planner`, ``furnace hybrid plan``) and its
+  validation against emulated runs (`validation`).
+
+See README.md for what follows the paper and what is our reconstruction.
 """
 
 from .alltoall import (
@@ -23,6 +28,23 @@ from .alltoall import (
     model_crossover_bytes,
     modelled_time,
 )
+from .balance import (
+    BALANCE_COLUMNS,
+    BALANCE_GATES,
+    BalanceConfig,
+    BalanceRow,
+    BalanceStudy,
+    balance_loss_curves,
+    balance_study,
+    routing_balance,
+)
+from .checkpoint import (
+    load_moda_checkpoint,
+    load_module_checkpoint,
+    read_moda_metadata,
+    save_moda_checkpoint,
+    save_module_checkpoint,
+)
 from .config import LayoutError, MoEModelSpec, PlanLayout, parse_param_count
 from .layout import MoDaGroups, MoDaLayout
 from .moda import MoDa, ParamKind, moda_parallel, train_moda
@@ -32,11 +54,13 @@ from .planner import (
     PAPER_EFLOPS,
     PAPER_NODES,
     PAPER_PARAMS,
+    SYNC_ALGORITHMS,
     Calibration,
     CalibrationError,
     LayoutSearch,
     MemoryBreakdown,
     Plan,
+    SyncAlgorithm,
     calibrate,
     default_topology,
     plan,
@@ -57,18 +81,43 @@ from .precision import (
     measure_memory,
     measure_precision_speed,
 )
+from .train import (
+    HybridTrainConfig,
+    HybridTrainConfigError,
+    HybridTrainResult,
+    ModaCheckpointStore,
+    train_hybrid,
+    train_rank,
+)
+from .validation import (
+    PlannerValidationError,
+    UniformRoutingGate,
+    ValidationConfig,
+    ValidationRow,
+    assert_validated,
+    validate_planner,
+)
 
 __all__ = [
     "BAGUALU_BYTES_PER_PARAM",
+    "BALANCE_COLUMNS",
+    "BALANCE_GATES",
     "BYTES_PER_PARAM",
     "PAPER_EFLOPS",
     "PAPER_NODES",
     "PAPER_PARAMS",
+    "SYNC_ALGORITHMS",
     "AllToAllTimingConfig",
+    "BalanceConfig",
+    "BalanceRow",
+    "BalanceStudy",
     "Calibration",
     "CalibrationError",
     "DynamicLossScaler",
     "ExchangePlan",
+    "HybridTrainConfig",
+    "HybridTrainConfigError",
+    "HybridTrainResult",
     "LayoutError",
     "LayoutSearch",
     "LevelTraffic",
@@ -81,22 +130,33 @@ __all__ = [
     "MoDaGroups",
     "MoDaLayout",
     "MoEModelSpec",
+    "ModaCheckpointStore",
     "ParamKind",
     "Plan",
     "PlanLayout",
+    "PlannerValidationError",
     "PrecisionSpeed",
     "PrecisionSpeedConfig",
     "ReferenceStep",
     "SupernodeAllToAll",
     "SupernodeLayout",
+    "SyncAlgorithm",
     "TrafficByLevel",
+    "UniformRoutingGate",
+    "ValidationConfig",
+    "ValidationRow",
     "account_memory",
+    "assert_validated",
+    "balance_loss_curves",
+    "balance_study",
     "calibrate",
     "closed_form_traffic",
     "default_topology",
     "emulated_supernode_topology",
     "exchange_timings",
     "lm_loss",
+    "load_moda_checkpoint",
+    "load_module_checkpoint",
     "logged_traffic",
     "measure_memory",
     "measure_precision_speed",
@@ -106,9 +166,16 @@ __all__ = [
     "modelled_time",
     "parse_param_count",
     "plan",
+    "read_moda_metadata",
     "reference_training",
+    "routing_balance",
+    "save_moda_checkpoint",
+    "save_module_checkpoint",
     "search_layouts",
     "sensitivity",
     "spec_for_machine",
+    "train_hybrid",
     "train_moda",
+    "train_rank",
+    "validate_planner",
 ]

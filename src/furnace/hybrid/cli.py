@@ -5,6 +5,11 @@ factor on the paper's anchor (14.5T parameters at 1 EFLOPS on about 96,000 nodes
 PPoPP'22), then searches the MoDa layouts of the requested model and prints the best few
 with their memory, FLOPs, traffic per network level and step time. Every figure is
 modelled (`furnace.hybrid.planner`), never measured.
+
+``furnace hybrid train --world-size 4 --expert-parallel-size 2 --steps 20 --precision bf16
+--checkpoint DIR [--checkpoint-every N] [--resume]`` trains the MoE LM under MoDa on local
+gloo ranks (or as the launched ranks under torchrun; `furnace.hybrid.train`). Every mistake
+in its arguments, a checkpoint's included, exits 2 with one line before any rank starts.
 """
 
 from __future__ import annotations
@@ -52,6 +57,25 @@ def add_parser(subparsers: Any) -> None:
     plan.add_argument("--json", type=output_file, default=None,
                       help="also write the plans here (default: none)")
     plan.set_defaults(func=_plan)
+
+    from furnace.runtime.cliargs import add_config_arguments, nonnegative_int
+
+    from .train import MAX_LOCAL_RANKS, HybridTrainConfig
+
+    train = sub.add_parser("train", help="train the MoE LM under MoDa on local gloo ranks or "
+                           "under torchrun, with checkpoints and resume")
+    add_config_arguments(train, HybridTrainConfig, overrides={
+        "world_size": {"type": int_in(1, MAX_LOCAL_RANKS)},
+        "checkpoint": {"metavar": "DIR"},
+        "checkpoint_every": {"type": nonnegative_int},
+        "lr": {"type": float_in(0.0, lo_open=True)},
+        "seed": {"type": int_in(0, 2**63 - 1)},
+        **{name: {"type": positive_int} for name in (
+            "d_model", "num_layers", "num_heads", "num_experts", "top_k", "d_hidden",
+            "seq_len", "expert_parallel_size", "ranks_per_node", "nodes_per_supernode",
+            "batch_size", "steps", "corpus_bytes")},
+    })
+    train.set_defaults(func=_train)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -115,4 +139,49 @@ def _plan(args: argparse.Namespace) -> int:
                       f"{sum(p.sync_bytes.values()) / 1e9:.1f}", f"{p.step_s:.1f}",
                       f"{p.achieved_flops / 1e18:.3f}", p.binding)
     console.print(table)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from furnace.runtime.atomic import OutputError
+    from furnace.runtime.cliargs import config_from_args
+    from furnace.runtime.training import (
+        CheckpointError,
+        CheckpointExistsError,
+        CheckpointMismatchError,
+    )
+
+    from .train import HybridTrainConfig, HybridTrainConfigError, train_hybrid
+
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    try:
+        config = config_from_args(HybridTrainConfig, args)
+        result = train_hybrid(config)
+    except HybridTrainConfigError as exc:
+        raise UsageError(flag(exc.field), exc.allowed) from None
+    except CheckpointMismatchError as exc:
+        listed = ", ".join(f"{flag(name)} {old!r} (checkpoint) vs {new!r} (given)"
+                           for name, old, new in exc.differences)
+        raise UsageError(flag(exc.differences[0][0]), f"the checkpoint {exc.path} was "
+                         f"written by another run: {listed}; give its values to resume it "
+                         "or --overwrite without --resume to start over") from None
+    except CheckpointExistsError as exc:
+        raise UsageError("--checkpoint", f"{exc.path} exists; pass --resume to continue its "
+                         "run or --overwrite to replace it") from None
+    except CheckpointError as exc:
+        raise UsageError("--checkpoint", f"{exc.path} {exc.reason}") from None
+    except OutputError as exc:
+        raise UsageError("--checkpoint", str(exc)) from None
+    if result.diverged_at is not None:
+        print(f"diverged: the loss was not finite at step {result.diverged_at}")
+        return 1
+    skipped = (f", {len(result.skipped_steps)} fp16 steps skipped"
+               if config.precision == "fp16" else "")
+    print(f"MoDa W={result.world_size} P={result.expert_parallel_size} {result.precision}: "
+          f"{result.steps_done} steps, final loss {result.losses[-1]:.4f} (global batch)"
+          f"{skipped}, {result.seconds:.1f} s")
+    if config.checkpoint is not None:
+        print(f"checkpoint: {config.checkpoint} (step {result.steps_done})")
     return 0

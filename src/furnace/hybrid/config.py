@@ -15,6 +15,11 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Any
+
+from furnace.runtime.topology import Topology
+
+from .layout import MoDaLayout
 
 __all__ = ["LayoutError", "PlanLayout", "MoEModelSpec", "parse_param_count"]
 
@@ -55,7 +60,9 @@ class MoEModelSpec:
 
     Parameter counts, per layer: attention 4H^2 + 4H, two norms 4H, the gate H E + E,
     each expert 2 H F + F + H (two biased linears); plus token embeddings V H (tied with
-    the output projection), position embeddings S H and a final norm 2H.
+    the output projection unless ``tied_embeddings`` is False: then the bias-free output
+    projection adds another V H, as in `furnace.moe.MoETransformerLM`), position embeddings
+    S H and a final norm 2H.
     """
 
     num_layers: int = field(default=24, metadata={"help": "transformer layers, all MoE"})
@@ -68,11 +75,15 @@ class MoEModelSpec:
     vocab: int = field(default=50304, metadata={"help": "vocabulary size V"})
     tokens_per_step: int = field(default=576_000 * 4096,
                                  metadata={"help": "tokens in one optimizer step, all ranks"})
+    tied_embeddings: bool = field(default=True, metadata={
+        "help": "the output projection shares the token embedding's V H weights"})
 
     def __post_init__(self) -> None:
         _require_positive_ints(self, ("num_layers", "d_model", "d_hidden", "num_experts",
                                       "top_k", "num_heads", "seq_len", "vocab",
                                       "tokens_per_step"))
+        if not isinstance(self.tied_embeddings, bool):
+            raise LayoutError("tied_embeddings", f"must be a bool, got {self.tied_embeddings!r}")
         if self.top_k > self.num_experts:
             raise LayoutError("top_k", f"must be <= num_experts ({self.num_experts}), "
                               f"got {self.top_k}")
@@ -97,8 +108,10 @@ class MoEModelSpec:
 
     @property
     def embedding_params(self) -> int:
-        """Tied token embedding V H, positions S H, final norm 2H."""
-        return (self.vocab + self.seq_len + 2) * self.d_model
+        """Token embedding V H (and an untied output projection V H), positions S H,
+        final norm 2H."""
+        vocab_tables = 1 if self.tied_embeddings else 2
+        return (vocab_tables * self.vocab + self.seq_len + 2) * self.d_model
 
     @property
     def expert_params_total(self) -> int:
@@ -122,7 +135,7 @@ class MoEModelSpec:
     @classmethod
     def from_param_count(cls, target: float | str, *, num_layers: int = 24,
                          d_model: int = 4096, ffn_ratio: int = 4, top_k: int = 2,
-                         expert_multiple: int = 300, **rest: int) -> MoEModelSpec:
+                         expert_multiple: int = 300, **rest: Any) -> MoEModelSpec:
         """The spec with ``target`` parameters by our reconstruction rule (not the paper's).
 
         The rule: width H = ``d_model``, F = ``ffn_ratio`` H, ``num_layers`` layers and
@@ -172,9 +185,19 @@ class PlanLayout:
         if self.ep_size > self.world_size:
             raise LayoutError("ep_size", f"must be <= world_size ({self.world_size}), "
                               f"got {self.ep_size}")
-        if self.world_size % self.ep_size:
+        try:
+            self.moda_layout()
+        except ValueError:
+            # MoDaLayout holds the rule (P divides W); this keeps the planner's message
             raise LayoutError("ep_size", f"must divide world_size ({self.world_size}), "
-                              f"got {self.ep_size}")
+                              f"got {self.ep_size}") from None
+
+    def moda_layout(self, topology: Topology | None = None) -> MoDaLayout:
+        """The runtime layout of these ranks (`MoDaLayout`, which also owns the rule that
+        the expert-parallel size divides the world); with ``topology``, its hierarchy
+        rule applies too and raises `ValueError` for a group straddling a unit."""
+        return MoDaLayout(world_size=self.world_size, expert_parallel_size=self.ep_size,
+                          topology=topology)
 
     @property
     def dp_size(self) -> int:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from furnace.runtime.comm import CommLog, Communicator
-from furnace.runtime.topology import Topology
+from furnace.runtime.topology import Topology, divisors
 
 __all__ = ["MoDaGroups", "MoDaLayout"]
 
@@ -90,8 +90,8 @@ class MoDaLayout:
     def allowed_sizes(world_size: int, topology: Topology | None = None) -> list[int]:
         """Every expert-parallel size the validation accepts for this world and machine."""
         units = _unit_sizes(topology)
-        return [P for P in range(1, world_size + 1)
-                if world_size % P == 0 and _straddled_unit(P, units) is None]
+        sizes = divisors(world_size) if world_size >= 1 else []
+        return [P for P in sizes if _straddled_unit(P, units) is None]
 
     @property
     def expert_data_parallel_size(self) -> int:

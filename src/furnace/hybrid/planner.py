@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from furnace.runtime.cost import (
     collective_time,
@@ -44,7 +44,9 @@ from furnace.runtime.cost import (
     roofline_time,
 )
 from furnace.runtime.presets import get_preset
-from furnace.runtime.topology import Device, LinkLevel, Topology
+
+# re-exported: `divisors` was defined here before it moved to furnace.runtime.topology
+from furnace.runtime.topology import Device, LinkLevel, Topology, divisors
 
 from .config import LayoutError, MoEModelSpec, PlanLayout
 
@@ -53,11 +55,13 @@ __all__ = [
     "PAPER_EFLOPS",
     "PAPER_NODES",
     "PAPER_PARAMS",
+    "SYNC_ALGORITHMS",
     "Calibration",
     "CalibrationError",
     "LayoutSearch",
     "MemoryBreakdown",
     "Plan",
+    "SyncAlgorithm",
     "calibrate",
     "default_topology",
     "divisors",
@@ -78,6 +82,8 @@ PAPER_EFLOPS = 1.0
 # a memory use above this share of a rank's capacity is called the binding constraint
 MEMORY_TIGHT = 0.9
 LEVELS: tuple[LinkLevel, ...] = ("intra_node", "inter_node", "inter_group")
+SyncAlgorithm = Literal["hierarchical", "ring"]
+SYNC_ALGORITHMS: tuple[SyncAlgorithm, ...] = ("hierarchical", "ring")
 
 
 class CalibrationError(ValueError):
@@ -90,12 +96,6 @@ def default_topology(injection_bandwidth_Bps: float | None = None) -> Topology:
     if injection_bandwidth_Bps is None:
         return get_preset("sunway-oceanlight")
     return get_preset("sunway-oceanlight", injection_bandwidth_Bps=injection_bandwidth_Bps)
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 @dataclass(frozen=True)
@@ -271,16 +271,27 @@ def _derated(device: Device, efficiency: float) -> Device:
 
 
 def plan(spec: MoEModelSpec, layout: PlanLayout, topology: Topology | None = None, *,
-         efficiency: float = 1.0) -> Plan:
+         efficiency: float = 1.0, element_bytes: int = BF16,
+         sync_algorithm: SyncAlgorithm = "hierarchical") -> Plan:
     """The modelled figures of ``spec`` under ``layout``; raises `LayoutError` if invalid.
 
     An infeasible layout (memory over capacity) is still planned: `Plan.memory.fits` says
-    so and `Plan.binding` names it.
+    so and `Plan.binding` names it. ``element_bytes`` is the size of one exchanged token
+    element and one synchronized gradient element (bf16 at scale; the emulated validation
+    runs fp32). ``sync_algorithm`` is the unsharded world all-reduce: "hierarchical" (the
+    two-level scheme, the default) or "ring" (one flat ring over the world, what
+    `furnace.hybrid.moda.MoDa.reduce_gradients` runs through its `Communicator`).
     """
     topo = topology or default_topology()
     layout.validate_for(spec)
     if not 0 < efficiency <= 1:
         raise LayoutError("efficiency", f"must be in (0, 1], got {efficiency}")
+    if isinstance(element_bytes, bool) or not isinstance(element_bytes, int) \
+            or element_bytes < 1:
+        raise LayoutError("element_bytes", f"must be an integer >= 1, got {element_bytes!r}")
+    if sync_algorithm not in SYNC_ALGORITHMS:
+        raise LayoutError("sync_algorithm", f"must be one of {', '.join(SYNC_ALGORITHMS)}, "
+                          f"got {sync_algorithm!r}")
     w, e, dp = layout.world_size, layout.ep_size, layout.dp_size
     memory = _memory(spec, layout, topo)
     flops_total, by_part, six_n = _flops(spec)
@@ -292,7 +303,7 @@ def plan(spec: MoEModelSpec, layout: PlanLayout, topology: Topology | None = Non
     # all-to-all: 4 exchanges per layer and step
     exchanges = 4 * spec.num_layers
     picks = spec.tokens_per_step / w * spec.top_k
-    token_bytes = BF16 * spec.d_model
+    token_bytes = element_bytes * spec.d_model
     peers = _peers_by_level(e, topo)
     a2a_bytes: dict[str, float] = {}
     a2a_messages: dict[str, float] = {}
@@ -321,7 +332,7 @@ def plan(spec: MoEModelSpec, layout: PlanLayout, topology: Topology | None = Non
     for params, size, sync_level in groups:
         if sync_level is None or size == 1:
             continue
-        grad_bytes = BF16 * params
+        grad_bytes = element_bytes * params
         if layout.shard_states:
             share = grad_bytes / size
             # reduce-scatter of gradients, all-gather of parameters before forward and backward
@@ -330,7 +341,7 @@ def plan(spec: MoEModelSpec, layout: PlanLayout, topology: Topology | None = Non
             sync_s += 2 * collective_time("all_gather", share, size, topo.link_for(sync_level),
                                           algorithm="tree")
             sync_bytes[sync_level] += 3 * (size - 1) * math.ceil(share)
-        elif size == w and w > topo.ranks_per_node:
+        elif size == w and w > topo.ranks_per_node and sync_algorithm == "hierarchical":
             nodes = w // topo.ranks_per_node
             outer: LinkLevel = _outer_level((0, w - 1), topo) or "inter_node"
             sync_s += hierarchical_all_reduce_time(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from furnace.runtime.presets import v100_50gbps
-from furnace.runtime.topology import Topology
+from furnace.runtime.topology import Topology, divisors
 
 from .workload import hot_expert, uniform, zipf
 
@@ -84,10 +84,6 @@ def _is_int(value) -> bool:
 def _finite_in(value, lo: float, hi: float) -> bool:
     return bool(isinstance(value, (int, float, np.floating)) and not isinstance(value, bool)
                 and math.isfinite(value) and lo <= value <= hi)
-
-
-def _divisors(n: int) -> list[int]:
-    return [g for g in range(1, n + 1) if n % g == 0]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -178,7 +174,7 @@ class BenchConfig:
             need(_is_int(self.group_size) and self.group_size >= 1
                  and self.world_size % self.group_size == 0, "group_size",
                  f"must divide the number of ranks {self.world_size} (one of "
-                 f"{', '.join(str(g) for g in _divisors(self.world_size))}), "
+                 f"{', '.join(str(g) for g in divisors(self.world_size))}), "
                  f"got {self.group_size!r}")
         if self.routing == "trace":
             p = self.trace_probabilities

@@ -82,6 +82,10 @@ class MoELMConfig:
             raise ValueError(f"top_k={self.top_k} exceeds num_experts={self.num_experts}")
         if self.gate not in GATES:
             raise ValueError(f"unknown gate {self.gate!r}; known: {sorted(GATES)}")
+        fixed = GATES[self.gate].fixed_top_k
+        if fixed is not None and self.top_k != fixed:
+            raise ValueError(f"gate {self.gate!r} routes each token to exactly {fixed} "
+                             f"expert(s): top_k must be {fixed}, got {self.top_k}")
         if not (math.isfinite(self.balance_loss_weight) and self.balance_loss_weight >= 0):
             raise ValueError(f"balance_loss_weight must be finite and >= 0, "
                              f"got {self.balance_loss_weight}")

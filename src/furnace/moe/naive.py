@@ -53,5 +53,7 @@ def naive_moe(x_TD: torch.Tensor, gate: Callable[[torch.Tensor], GateOutput],
             if rows.numel() == 0:
                 continue
             out = experts.apply_expert(params_of(e), x_TD[rows], e)
-            y_TD = y_TD.index_add(0, rows, routing.scores_TK[rows, k:k + 1] * out)
+            # accumulated in the input's dtype, whatever autocast made of the product
+            y_TD = y_TD.index_add(0, rows, (routing.scores_TK[rows, k:k + 1] * out)
+                                  .to(y_TD.dtype))
     return y_TD

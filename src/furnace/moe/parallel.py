@@ -257,7 +257,13 @@ def _run_experts(experts: ExpertBank, params: Sequence[torch.Tensor], x_RD: torc
     for e, x_e in enumerate(torch.split(x_RD[order], counts)):
         if x_e.shape[0]:
             outs.append(experts.apply_expert(experts.expert_params(e, params), x_e, e))
-    y_sorted = torch.cat(outs) if outs else x_RD.new_zeros((0, x_RD.shape[1]))
+    if not outs:
+        # no rows for any local expert: still run one on zero rows, so the result has the
+        # dtype the experts produce (bf16 under autocast). Ranks size their all-to-all
+        # buffers from it, and one rank's fp32 zeros against a peer's bf16 rows would
+        # misread the bytes.
+        outs.append(experts.apply_expert(experts.expert_params(0, params), x_RD[:0], 0))
+    y_sorted = torch.cat(outs)
     return y_sorted[torch.argsort(order)]
 
 
@@ -411,12 +417,15 @@ def _broadcast_shadows(plan: StepPlan, experts: ExpertBank, params) -> dict:
 
 def _run_shadowed(experts: ExpertBank, rep_leaves: dict[int, list[torch.Tensor]],
                   x_SD: torch.Tensor, expert_S: torch.Tensor) -> torch.Tensor:
-    y_SD = x_SD.new_zeros(x_SD.shape)
+    outs = []
     for e, params in rep_leaves.items():
         rows = torch.nonzero(expert_S == e).reshape(-1)
         if rows.numel():
-            y = experts.apply_expert(params, x_SD[rows], e % experts.num_experts)
-            y_SD = y_SD.index_copy(0, rows, y)
+            outs.append((rows, experts.apply_expert(params, x_SD[rows], e % experts.num_experts)))
+    # the experts' output dtype (bf16 under autocast), not the input's
+    y_SD = x_SD.new_zeros(x_SD.shape, dtype=outs[0][1].dtype if outs else x_SD.dtype)
+    for rows, y in outs:
+        y_SD = y_SD.index_copy(0, rows, y)
     return y_SD
 
 

@@ -18,6 +18,8 @@ citations live in `presets.py`.
 from __future__ import annotations
 
 import dataclasses
+import math
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -226,6 +228,21 @@ class Topology:
             lines.append(f"  source: {self.source}")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n`` in increasing order (the sizes a group of ``n`` ranks
+    splits into evenly); ``O(sqrt n)``, so it serves machine-scale counts too."""
+    try:
+        # operator.index admits numpy integers (BenchConfig's counts may be ones)
+        count = -1 if isinstance(n, bool) else operator.index(n)
+    except TypeError:
+        count = -1
+    if count < 1:
+        raise ValueError(f"divisors needs an integer >= 1, got {n!r}")
+    n = count
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _fmt_link(link: Link) -> str:

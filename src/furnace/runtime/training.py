@@ -33,6 +33,9 @@ uninterrupted run (same machine, same thread count). The rules:
 
 A parallel trainer extends the loop through `TrainHooks` (the optimizer's parameter groups,
 gradient reduction after backward, gradient clipping); the loop holds no parallelism code.
+Where checkpoints live is a `CheckpointStore`: the default, `FileCheckpointStore`, is the
+single ``torch.save`` file above; a sharded trainer passes one that writes a distributed
+checkpoint (each rank its own shards) under the same rules.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -60,10 +63,14 @@ __all__ = [
     "CheckpointFormat",
     "CheckpointMismatchError",
     "CheckpointNotFoundError",
+    "CheckpointStore",
     "CorruptCheckpointError",
+    "FileCheckpointStore",
     "TrainHooks",
     "TrainLoopConfig",
     "TrainResult",
+    "RECORD_KEYS",
+    "check_checkpoint_state",
     "check_resumable",
     "config_record",
     "load_checkpoint",
@@ -94,6 +101,8 @@ STEPS_RULE = ("steps may grow on resume (a second schedule cycle over the added 
 
 _REQUIRED_KEYS = ("config", "cycles", "model", "optimizer", "scheduler", "generator",
                   "torch_rng", "losses", "lrs", "step", "seconds")
+# what a store keeps beside the model and optimizer tensors (`CheckpointStore.read`)
+RECORD_KEYS = tuple(key for key in _REQUIRED_KEYS if key not in ("model", "optimizer"))
 
 
 @dataclass(kw_only=True)
@@ -298,18 +307,29 @@ def load_checkpoint(path: str | Path, fmt: CheckpointFormat) -> dict[str, Any]:
     except OSError as exc:
         raise CorruptCheckpointError(path, f"cannot be read: {exc.strerror or exc}") from exc
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # RuntimeError, UnpicklingError, OSError, IndexError, ...
         raise CorruptCheckpointError(
             path, f"is not a readable torch checkpoint (truncated, corrupt or holding more "
             f"than tensors and plain data: {type(exc).__name__})") from exc
+    check_checkpoint_state(state, path, fmt)
+    return state
+
+
+def check_checkpoint_state(state: Any, path: str | Path, fmt: CheckpointFormat, *,
+                           required: tuple[str, ...] = _REQUIRED_KEYS) -> None:
+    """Raise `CorruptCheckpointError` unless ``state`` is a record of format ``fmt`` with the
+    ``required`` keys and a consistent step, cycle and loss record (what `load_checkpoint`
+    checks after reading; a store that keeps the tensors elsewhere passes
+    ``required=RECORD_KEYS``)."""
+    path = Path(path)
     if not isinstance(state, dict) or state.get("format") != fmt.tag:
         raise CorruptCheckpointError(path, f"is not {fmt.description} "
                                      f"(no format tag {fmt.tag!r})")
     if state.get("version") != fmt.version:
         raise CorruptCheckpointError(path, f"has checkpoint version {state.get('version')!r}; "
                                      f"this furnace reads version {fmt.version}")
-    missing = [key for key in _REQUIRED_KEYS if key not in state]
+    missing = [key for key in required if key not in state]
     if missing:
         raise CorruptCheckpointError(path, f"lacks {', '.join(missing)}")
     step, cycles = state["step"], state["cycles"]
@@ -322,7 +342,6 @@ def load_checkpoint(path: str | Path, fmt: CheckpointFormat) -> dict[str, Any]:
              and len(state["lrs"]) == step)
     if not valid:
         raise CorruptCheckpointError(path, "has an inconsistent step, cycle or loss record")
-    return state
 
 
 def check_resumable(config: Any, state: dict[str, Any], path: str | Path,
@@ -355,13 +374,67 @@ def check_resumable(config: Any, state: dict[str, Any], path: str | Path,
         raise CheckpointMismatchError(path, differences, fmt.steps_rule)
 
 
+class CheckpointStore(Protocol):
+    """Where the loop's checkpoints live (default `FileCheckpointStore`).
+
+    A checkpoint is the loop's *record* (format, version, config, cycles, scheduler, both
+    RNG states, curves, step, seconds: ``RECORD_KEYS``, plain data and small tensors) plus
+    the model's and optimizer's tensors. The loop reads the record before any model exists
+    (so every resume rule is checked first), writes both at each checkpoint step, and
+    restores the tensors once the model and optimizer are built.
+    """
+
+    def check_target(self, path: Path) -> None:
+        """Raise `OutputError` if ``path`` is of the wrong kind (a folder for a file)."""
+
+    def read(self, path: Path, fmt: CheckpointFormat) -> dict[str, Any]:
+        """The checked record at ``path`` (`CheckpointNotFoundError`,
+        `CorruptCheckpointError`)."""
+
+    def write(self, path: Path, record: dict[str, Any], model: nn.Module,
+              optimizer: torch.optim.Optimizer) -> None:
+        """Replace the checkpoint at ``path`` by ``record`` and the tensors, atomically."""
+
+    def restore(self, path: Path, record: dict[str, Any], model: nn.Module,
+                optimizer: torch.optim.Optimizer) -> None:
+        """Load the model's and optimizer's tensors of the checkpoint ``record`` came from."""
+
+
+class FileCheckpointStore:
+    """One ``torch.save`` file holding the record and the tensors (the loop's default)."""
+
+    def check_target(self, path: Path) -> None:
+        if path.is_dir():
+            raise OutputError(f"checkpoint {path} is a folder, not a file")
+
+    def read(self, path: Path, fmt: CheckpointFormat) -> dict[str, Any]:
+        return load_checkpoint(path, fmt)
+
+    def write(self, path: Path, record: dict[str, Any], model: nn.Module,
+              optimizer: torch.optim.Optimizer) -> None:
+        checkpoint = {}
+        for key, value in record.items():
+            checkpoint[key] = value
+            if key == "cycles":
+                # the file's layout since version 1: the tensors follow the cycles
+                checkpoint["model"] = model.state_dict()
+                checkpoint["optimizer"] = optimizer.state_dict()
+        atomic_save(path, lambda f: torch.save(checkpoint, f))
+
+    def restore(self, path: Path, record: dict[str, Any], model: nn.Module,
+                optimizer: torch.optim.Optimizer) -> None:
+        model.load_state_dict(record["model"])
+        optimizer.load_state_dict(record["optimizer"])
+
+
 def prepare_checkpoint(checkpoint: str | Path | None, run_config: Any, fmt: CheckpointFormat,
-                       *, resume: bool = False, overwrite: bool = False
-                       ) -> dict[str, Any] | None:
+                       *, resume: bool = False, overwrite: bool = False,
+                       store: CheckpointStore | None = None) -> dict[str, Any] | None:
     """Every check the loop makes on its checkpoint, before any training; the state to resume.
 
     Returns the loaded state when resuming, else None. Creates the checkpoint's folder if
-    needed and checks that it is writable.
+    needed and checks that it is writable. ``store`` says where checkpoints live (default
+    `FileCheckpointStore`).
 
     Raises:
         ValueError: ``resume`` without a checkpoint, or ``resume`` with ``overwrite``.
@@ -377,11 +450,11 @@ def prepare_checkpoint(checkpoint: str | Path | None, run_config: Any, fmt: Chec
             raise ValueError("resume needs config.checkpoint")
         return None
     path = Path(checkpoint)
-    if path.is_dir():
-        raise OutputError(f"checkpoint {path} is a folder, not a file")
+    store = store if store is not None else FileCheckpointStore()
+    store.check_target(path)
     state = None
     if resume:
-        state = load_checkpoint(path, fmt)
+        state = store.read(path, fmt)
         check_resumable(run_config, state, path, fmt)
     elif path.exists() and not overwrite:
         raise CheckpointExistsError(path, "exists; resume it or pass overwrite=True to "
@@ -463,7 +536,8 @@ def train_loop(config: TrainLoopConfig, *, build_model: Callable[[], Model],
                progress: Callable[[int, dict[str, float]], None] | None = None,
                run_config: Any = None, checkpoint_format: CheckpointFormat | None = None,
                resume: bool = False, overwrite: bool = False,
-               stop_at: int | None = None) -> Result:
+               stop_at: int | None = None,
+               checkpoint_store: CheckpointStore | None = None) -> Result:
     """Train the model ``build_model`` returns; fill and return ``result``.
 
     Order: the stop and checkpoint checks (`prepare_checkpoint`), then ``batches(generator)``
@@ -493,6 +567,7 @@ def train_loop(config: TrainLoopConfig, *, build_model: Callable[[], Model],
         overwrite: without ``resume``, replace an existing checkpoint.
         stop_at: stop after this step without the final evaluation (an interruption, for
             tests and for splitting a run); the schedule's horizon stays ``config.steps``.
+        checkpoint_store: where checkpoints live (default `FileCheckpointStore`, one file).
 
     Raises:
         ValueError: a bad ``stop_at`` or missing ``checkpoint_format``; CheckpointError (and
@@ -506,10 +581,11 @@ def train_loop(config: TrainLoopConfig, *, build_model: Callable[[], Model],
     if config.checkpoint is not None and checkpoint_format is None:
         raise ValueError("a checkpoint needs a checkpoint_format")
     hooks = hooks or TrainHooks()
+    store = checkpoint_store if checkpoint_store is not None else FileCheckpointStore()
     state = None
     if checkpoint_format is not None:
         state = prepare_checkpoint(config.checkpoint, run_config, checkpoint_format,
-                                   resume=resume, overwrite=overwrite)
+                                   resume=resume, overwrite=overwrite, store=store)
     elif resume:
         raise ValueError("resume needs config.checkpoint and a checkpoint_format")
     started = time.perf_counter()
@@ -534,19 +610,20 @@ def train_loop(config: TrainLoopConfig, *, build_model: Callable[[], Model],
             old_cycles = list(state["cycles"])
             cycles = old_cycles + ([config.steps] if config.steps > old_cycles[-1] else [])
             try:
-                model.load_state_dict(state["model"])
                 done = state["step"]
-                if done == old_cycles[-1] and config.steps > done:
-                    # the checkpoint's schedule is spent: a new cycle starts from its
-                    # optimizer, exactly as the loop starts one at a cycle end
-                    optimizer.load_state_dict(state["optimizer"])
-                    schedule.start_cycle(config.steps - done)
-                else:
+                spent = done == old_cycles[-1] and config.steps > done
+                if not spent:
                     # built before the optimizer's state is loaded, so that state's learning
                     # rate and betas, not the new scheduler's first ones, drive the next step
                     start, end = _cycle_containing(cycles, min(done + 1, cycles[-1]))
                     schedule.start_cycle(end - start)
-                    optimizer.load_state_dict(state["optimizer"])
+                assert path is not None
+                store.restore(path, state, model, optimizer)
+                if spent:
+                    # the checkpoint's schedule is spent: a new cycle starts from its
+                    # optimizer, exactly as the loop starts one at a cycle end
+                    schedule.start_cycle(config.steps - done)
+                else:
                     schedule.load_state_dict(state["scheduler"])
                 generator.set_state(state["generator"])
                 torch.set_rng_state(state["torch_rng"])
@@ -596,8 +673,8 @@ def train_loop(config: TrainLoopConfig, *, build_model: Callable[[], Model],
                 metrics.update(measured)
             if path is not None and (step == end or (config.checkpoint_every
                                                      and step % config.checkpoint_every == 0)):
-                _save(path, checkpoint_format, run_config, cycles, model, optimizer, schedule,
-                      generator, result, time.perf_counter() - started)
+                _save(store, path, checkpoint_format, run_config, cycles, model, optimizer,
+                      schedule, generator, result, time.perf_counter() - started)
             if progress is not None:
                 progress(step, metrics)
         if evaluate is not None and result.finished:
@@ -611,16 +688,16 @@ def train_loop(config: TrainLoopConfig, *, build_model: Callable[[], Model],
     return result
 
 
-def _save(path: Path, fmt: CheckpointFormat | None, run_config: Any, cycles: list[int],
-          model: nn.Module, optimizer: torch.optim.Optimizer, schedule: _Schedule,
-          generator: torch.Generator, result: TrainResult, seconds: float) -> None:
+def _save(store: CheckpointStore, path: Path, fmt: CheckpointFormat | None, run_config: Any,
+          cycles: list[int], model: nn.Module, optimizer: torch.optim.Optimizer,
+          schedule: _Schedule, generator: torch.Generator, result: TrainResult,
+          seconds: float) -> None:
     assert fmt is not None
     checkpoint = {"format": fmt.tag, "version": fmt.version,
                   "config": config_record(run_config), "cycles": list(cycles),
-                  "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                   "scheduler": schedule.state_dict(), "generator": generator.get_state(),
                   "torch_rng": torch.get_rng_state(), "losses": list(result.losses),
                   "lrs": list(result.lrs), "step": result.steps_done, "seconds": seconds}
     if result.eval_history:
         checkpoint["eval_history"] = [(s, dict(m)) for s, m in result.eval_history]
-    atomic_save(path, lambda f: torch.save(checkpoint, f))
+    store.write(path, checkpoint, model, optimizer)

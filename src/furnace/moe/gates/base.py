@@ -10,6 +10,7 @@ Shape suffixes: T = tokens on this rank, D = d_model, N = num_experts (global), 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -79,8 +80,12 @@ class BaseGate(nn.Module):
     """Router base: a linear scorer ``d_model -> num_experts`` and the routing rule.
 
     Subclasses implement `route(logits_TN)`; `forward(x_TD)` computes the logits with
-    ``self.scorer`` and calls it.
+    ``self.scorer`` and calls it. ``fixed_top_k`` is the one ``top_k`` a gate whose rule
+    is defined for a fixed number of choices accepts (None: any), so configs can refuse
+    a mismatch before a model is built.
     """
+
+    fixed_top_k: ClassVar[int | None] = None
 
     def __init__(self, d_model: int, num_experts: int, top_k: int = 2, *, bias: bool = True):
         super().__init__()

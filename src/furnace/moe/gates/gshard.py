@@ -42,11 +42,13 @@ class GShardGate(BaseGate):
         random_routing: drop second choices at random in training (GShard section 2.2).
     """
 
+    fixed_top_k = 2
+
     def __init__(self, d_model: int, num_experts: int, top_k: int = 2, *,
                  capacity_factor: float | Sequence[float] = (1.2, 2.4),
                  random_routing: bool = True, bias: bool = True):
-        if top_k != 2:
-            raise ValueError(f"GShardGate is a top-2 gate, got top_k={top_k}")
+        if top_k != self.fixed_top_k:
+            raise ValueError(f"GShardGate is a top-{self.fixed_top_k} gate, got top_k={top_k}")
         super().__init__(d_model, num_experts, top_k, bias=bias)
         self.capacity_factor = parse_capacity_factor(capacity_factor)
         self.random_routing = random_routing

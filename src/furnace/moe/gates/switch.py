@@ -35,11 +35,13 @@ class SwitchGate(BaseGate):
         jitter_eps: half-width of the multiplicative input noise, in [0, 1); 0 disables it.
     """
 
+    fixed_top_k = 1
+
     def __init__(self, d_model: int, num_experts: int, top_k: int = 1, *,
                  capacity_factor: float | Sequence[float] = (1.0, 2.0), jitter_eps: float = 0.1,
                  bias: bool = True):
-        if top_k != 1:
-            raise ValueError(f"SwitchGate is a top-1 gate, got top_k={top_k}")
+        if top_k != self.fixed_top_k:
+            raise ValueError(f"SwitchGate is a top-{self.fixed_top_k} gate, got top_k={top_k}")
         if not 0 <= jitter_eps < 1:
             raise ValueError(f"jitter_eps must be in [0, 1), got {jitter_eps}")
         super().__init__(d_model, num_experts, top_k, bias=bias)

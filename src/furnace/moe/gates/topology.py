@@ -47,10 +47,12 @@ class TopologyGate(BaseGate):
     ``ranks_per_node``); unbound, every expert is local and it is plain top-2.
     """
 
+    fixed_top_k = 2
+
     def __init__(self, d_model: int, num_experts: int, top_k: int = 2, *,
                  outgoing_fraction: float = 0.14, bias: bool = True):
-        if top_k != 2:
-            raise ValueError(f"TopologyGate is a top-2 gate, got top_k={top_k}")
+        if top_k != self.fixed_top_k:
+            raise ValueError(f"TopologyGate is a top-{self.fixed_top_k} gate, got top_k={top_k}")
         if not 0 <= outgoing_fraction <= 1:
             raise ValueError(f"outgoing_fraction must be in [0, 1], got {outgoing_fraction}")
         super().__init__(d_model, num_experts, top_k, bias=bias)

@@ -1,0 +1,105 @@
+"""`furnace hybrid train` (issue 13, item 7): MoDa training on 2 local gloo ranks against
+one process, a run split by a DCP checkpoint against the uninterrupted run, a resume under
+another expert-parallel size; bf16 and fp16 under expert parallelism, the fp16 overflow
+decision made the same on every rank.
+
+Tolerances (relative, scale = the reference loss, which is about 5.5 nats/byte, never 0):
+fp32 MoDa vs one process 1e-5 (the parallel path reorders fp32 sums over 2 ranks); split
+vs uninterrupted, same layout, 1e-6 (the same computations, read back from the
+checkpoint); resume under P=1 instead of P=2, 1e-5 (only the reduction order changes);
+bf16 MoDa vs bf16 in one process 2e-2 (bf16 keeps 8 bits of mantissa, about 4e-3 per
+rounding, and the two runs round at different points of reordered sums).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from furnace.hybrid.naive import lm_loss
+from furnace.hybrid.train import HybridTrainConfig, _global_batches, train_rank
+from furnace.moe import MoETransformerLM
+from furnace.runtime import run_distributed
+from furnace.runtime.testing import max_relative_error
+from furnace.runtime.training import TrainResult, train_loop
+
+STEPS = 4
+CONFIG = HybridTrainConfig(d_model=8, num_layers=2, num_heads=2, num_experts=4, top_k=2,
+                           d_hidden=8, seq_len=8, world_size=2, batch_size=4, steps=STEPS,
+                           lr=1e-2, corpus_bytes=50_000)
+
+
+def one_process(config: HybridTrainConfig) -> list[float]:
+    """The same run in this process on the whole global batches (no MoDa)."""
+    policy = config.precision_policy()
+
+    def build() -> MoETransformerLM:
+        model = MoETransformerLM(config.model_config())
+        return policy.apply(model) if policy is not None else model
+
+    result = train_loop(dataclasses.replace(config, world_size=1).loop_config(),
+                        build_model=build, batches=_global_batches(config), loss=lm_loss,
+                        result=TrainResult())
+    return result.losses
+
+
+def _fp32_runs(rank: int, world_size: int, folder: str) -> dict[str, list[float]]:
+    whole = train_rank(CONFIG).losses
+    split = dataclasses.replace(CONFIG, checkpoint=f"{folder}/same")
+    train_rank(split, stop_at=2)
+    resumed = train_rank(dataclasses.replace(split, resume=True)).losses
+    other = dataclasses.replace(CONFIG, checkpoint=f"{folder}/other")
+    train_rank(other, stop_at=2)
+    resharded = train_rank(dataclasses.replace(other, resume=True,
+                                               expert_parallel_size=1)).losses
+    return {"whole": whole, "resumed": resumed, "resharded": resharded}
+
+
+@pytest.mark.timeout(120)
+def test_fp32_moda_matches_one_process_and_resumes(tmp_path) -> None:
+    runs = run_distributed(_fp32_runs, 2, str(tmp_path), timeout_s=100)
+    reference = one_process(CONFIG)
+    scale = abs(reference[0])
+    for rank_runs in runs:
+        assert len(rank_runs["whole"]) == STEPS
+        assert max_relative_error(torch.tensor(rank_runs["whole"]), torch.tensor(reference),
+                                  scale=scale) < 1e-5
+        assert max_relative_error(torch.tensor(rank_runs["resumed"]),
+                                  torch.tensor(rank_runs["whole"]), scale=scale) < 1e-6
+        assert max_relative_error(torch.tensor(rank_runs["resharded"]),
+                                  torch.tensor(rank_runs["whole"]), scale=scale) < 1e-5
+    assert reference[-1] < reference[0]  # it learns
+
+
+def _half_runs(rank: int, world_size: int) -> dict[str, object]:
+    bf16 = train_rank(dataclasses.replace(CONFIG, precision="bf16")).losses
+
+    def overflow_on_rank_1(moda, step: int) -> None:
+        # one rank's expert shard alone overflows: with P = W no reduction carries the inf
+        # to the other rank, so only a world-wide flag makes both skip
+        if rank == 1 and step == 2:
+            _, p = next(moda.parameters_of("expert"))
+            p.grad.view(-1)[0] = float("inf")
+
+    fp16 = train_rank(dataclasses.replace(CONFIG, precision="fp16"),
+                      gradient_hook=overflow_on_rank_1)
+    assert fp16.model is not None
+    dense = torch.cat([p.detach().reshape(-1) for name, p in fp16.model.named_parameters()
+                       if "experts" not in name])
+    return {"bf16": bf16, "skipped": fp16.skipped_steps, "fp16": fp16.losses, "dense": dense}
+
+
+@pytest.mark.timeout(120)
+def test_half_precision_under_expert_parallelism() -> None:
+    runs = run_distributed(_half_runs, 2, timeout_s=100)
+    reference = one_process(dataclasses.replace(CONFIG, precision="bf16"))
+    scale = abs(reference[0])
+    for rank, rank_runs in enumerate(runs):
+        assert max_relative_error(torch.tensor(rank_runs["bf16"]), torch.tensor(reference),
+                                  scale=scale) < 2e-2, f"rank {rank}"
+        assert rank_runs["skipped"] == [2], f"rank {rank} skipped {rank_runs['skipped']}"
+        assert all(torch.isfinite(torch.tensor(rank_runs["fp16"])))
+    # the replicated parameters stayed identical: both ranks skipped the same update
+    assert torch.equal(runs[0]["dense"], runs[1]["dense"])
