@@ -41,4 +41,5 @@ BAD_INPUTS: list[tuple[str, list[str]]] = [
                                          str(Path(_FILE).parent / "no-such-checkpoint")]),
     ("train-checkpoint-is-a-file", ["hybrid", "train", "--checkpoint", _FILE]),
     ("train-switch-top-2", ["hybrid", "train", "--gate", "switch", "--top-k", "2"]),
+    ("validate-unknown-flag", ["hybrid", "validate", "--ranks", "8"]),
 ]

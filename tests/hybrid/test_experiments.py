@@ -25,9 +25,10 @@ def test_entries_are_registered_once_each_with_quick_variants():
     assert found is not None
     names = [e.name for e in found]
     assert len(names) == len(set(names))
-    assert {"equality", "bf16_vs_fp32", "alltoall", "planner_scaling"} <= set(names)
+    assert {"equality", "bf16_vs_fp32", "memory", "alltoall", "planner_scaling"} <= set(names)
     assert all(e.system == "hybrid" and e.quick for e in found
-               if e.name in ("equality", "bf16_vs_fp32", "alltoall", "planner_scaling"))
+               if e.name in ("equality", "bf16_vs_fp32", "memory", "alltoall",
+                             "planner_scaling"))
 
 
 def _self_run(reference, kinds):
@@ -198,3 +199,36 @@ def test_balance_entry_table_and_claims(tmp_path):
     rows = [dataclasses.replace(r, dropped=3) if r.gate == "swipe" else r for r in study.rows]
     broken = dataclasses.replace(study, rows=rows)
     assert ex.balance_result(ctx, broken).claims[0].holds is False
+
+
+@pytest.mark.timeout(60)
+def test_memory_table_measured_against_accounted_and_a_wrong_account_fails():
+    runs = ex.memory_runs(ex.MemoryConfig())
+    P, tensors = runs.parameters, runs.parameter_tensors
+    result = ex.memory_result(runs)
+    table = result.tables[0]
+    by_row = {(r[0].split(" ")[0], r[1]): r for r in table.rows}
+    assert [k[1] for k in by_row] == ["analytic", "measured"] * 2 + ["analytic"]
+    between = table.columns.index("total between steps B/param")
+    peak = table.columns.index("peak total B/param")
+    # fp32 and autocast keep 16 B/param between steps plus a 4-byte step counter per tensor;
+    # autocast's bf16 matrix copies come on top; the paper's split is 16 exactly
+    assert by_row["fp32", "measured"][between] == pytest.approx(16 + 4 * tensors / P, rel=1e-12)
+    assert by_row["bf16", "measured"][between] == pytest.approx(16 + 4 * tensors / P, rel=1e-12)
+    assert by_row["bf16", "measured"][peak] > by_row["bf16", "measured"][between]
+    assert by_row["paper", "analytic"][2:peak + 1] == [2, 2, 4, 8, 0, 0, 16, 16]
+    assert [c.holds for c in result.claims] == [True, True]
+    assert all(c.kind == "measured" for c in result.claims)
+
+    # an account one bf16 copy short no longer matches the storage of the real tensors
+    wrong = dict(runs.accounted["bf16"], half_copies=runs.accounted["bf16"]["half_copies"] - 2)
+    bad = ex.memory_result(dataclasses.replace(runs, accounted={**runs.accounted,
+                                                                "bf16": wrong}))
+    assert bad.claims[0].holds is False
+    assert "bf16 half_copies" in bad.claims[0].ours
+    # a measurement that kept bf16 gradients would no longer be the paper's 16 B between steps
+    half_grads = dict(runs.measured["bf16"], fp32_grads=2 * P)
+    short = ex.memory_result(dataclasses.replace(runs, measured={**runs.measured,
+                                                                 "bf16": half_grads}))
+    assert short.claims[0].holds is False
+    assert short.claims[1].holds is False

@@ -1,25 +1,33 @@
 """`furnace hybrid train` (issue 13, item 7): MoDa training on 2 local gloo ranks against
 one process, a run split by a DCP checkpoint against the uninterrupted run, a resume under
 another expert-parallel size; bf16 and fp16 under expert parallelism, the fp16 overflow
-decision made the same on every rank.
+decision made the same on every rank; `furnace hybrid train` under torchrun (2 ranks) against
+the same run on local ranks, printed by rank 0 only, with no process group left behind.
 
 Tolerances (relative, scale = the reference loss, which is about 5.5 nats/byte, never 0):
 fp32 MoDa vs one process 1e-5 (the parallel path reorders fp32 sums over 2 ranks); split
 vs uninterrupted, same layout, 1e-6 (the same computations, read back from the
 checkpoint); resume under P=1 instead of P=2, 1e-5 (only the reduction order changes);
 bf16 MoDa vs bf16 in one process 2e-2 (bf16 keeps 8 bits of mantissa, about 4e-3 per
-rounding, and the two runs round at different points of reordered sums).
+rounding, and the two runs round at different points of reordered sums); torchrun vs local
+ranks 1e-6 (the same computations on the same layout).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+from furnace.hybrid.checkpoint import read_moda_metadata
 from furnace.hybrid.naive import lm_loss
-from furnace.hybrid.train import HybridTrainConfig, _global_batches, train_rank
+from furnace.hybrid.train import HybridTrainConfig, _global_batches, train_hybrid, train_rank
 from furnace.moe import MoETransformerLM
 from furnace.runtime import run_distributed
 from furnace.runtime.testing import max_relative_error
@@ -103,3 +111,69 @@ def test_half_precision_under_expert_parallelism() -> None:
         assert all(torch.isfinite(torch.tensor(rank_runs["fp16"])))
     # the replicated parameters stayed identical: both ranks skipped the same update
     assert torch.equal(runs[0]["dense"], runs[1]["dense"])
+
+
+
+
+# `furnace hybrid train` under torchrun: the entry runs the CLI's main with torchrun's argv
+# and reports, per rank, how main ended and whether its process group outlived it (the
+# error path of the same with-block is tested for other entry points in
+# tests/runtime/test_launch.py). One run per launch: a second group in the same torchrun
+# process can read the first one's gloo addresses from the launcher's store.
+_TORCHRUN_ENTRY = """
+import os, sys
+import torch.distributed as dist
+from furnace.cli import main
+try:
+    outcome = f"returned {main(sys.argv[1:])}"
+except BaseException as exc:
+    outcome = f"raised {type(exc).__name__}"
+print(f"rank {os.environ['RANK']}: main {outcome}; group alive after main: "
+      f"{dist.is_initialized()}", flush=True)
+"""
+TINY_ARGV = ["hybrid", "train", "--steps", "3", "--d-model", "8", "--d-hidden", "8",
+             "--seq-len", "8", "--batch-size", "4", "--corpus-bytes", "50000"]
+
+
+def _torchrun(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip(f"no torchrun next to {sys.executable}")
+    script = tmp_path / "entry.py"
+    script.write_text(_TORCHRUN_ENTRY)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(script),
+                          *argv], capture_output=True, text=True, timeout=100,
+                         env={**env, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out
+
+
+def _outcomes(log: str) -> dict[int, tuple[str, str]]:
+    # searched anywhere: the ranks share torchrun's output, so a report may follow
+    # another rank's unterminated line
+    found = re.findall(r"rank (\d+): main (returned \d+|raised \w+); "
+                       r"group alive after main: (True|False)", log)
+    return {int(rank): (outcome, alive) for rank, outcome, alive in found}
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_matches_local_ranks_and_leaves_no_group(tmp_path) -> None:
+    folder = tmp_path / "ckpt"
+    out = _torchrun(tmp_path, *TINY_ARGV, "--checkpoint", str(folder))
+    log = out.stdout + out.stderr
+    assert _outcomes(log) == {0: ("returned 0", "False"), 1: ("returned 0", "False")}, log
+    # only rank 0 reports; the other rank returns the same exit code silently
+    assert out.stdout.count("final loss") == 1, log
+    assert "MoDa W=2 P=2 fp32: 3 steps" in out.stdout, log
+    assert f"checkpoint: {folder} (step 3)" in out.stdout, log
+    launched = read_moda_metadata(folder)["loop"]["losses"]
+    local = train_hybrid(HybridTrainConfig(steps=3, d_model=8, d_hidden=8, seq_len=8,
+                                           batch_size=4, corpus_bytes=50_000, world_size=2),
+                         progress=False, timeout_s=100).losses
+    assert len(launched) == len(local) == 3
+    # the same fp32 computations on the same 2-rank layout, launched two ways
+    assert max_relative_error(torch.tensor(launched), torch.tensor(local),
+                              scale=abs(local[0])) < 1e-6
+

@@ -203,6 +203,62 @@ def test_communicator_needs_process_group():
         Communicator()
 
 
+# --- the traffic observer ----------------------------------------------------------------
+
+
+def _observed(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    seen = []
+
+    def observe(op, tr, comm):
+        seen.append((op, comm.name, tr, comm.global_ranks))
+
+    world = Communicator(name="world", on_traffic=observe)
+    odd = dist.new_group([1, 3])  # collective: every rank creates it
+    world.all_reduce(torch.ones(6))
+    send = [a2a_send_rows(rank, j) for j in range(world_size)]
+    recv = [a2a_send_rows(q, rank) for q in range(world_size)]
+    world.all_to_all_single(torch.zeros(sum(send), 2), recv, send)
+    # an async op is observed when it completes, with its record, not when it is issued
+    handle = world.all_gather(torch.zeros(3), async_op=True)
+    before_wait = len(seen)
+    handle.wait()
+    if rank in (1, 3):
+        Communicator(odd, log=world.log, name="odd", on_traffic=observe).all_reduce(
+            torch.ones(4, dtype=torch.float64))
+    records = [(r.op, r.group, r.bytes_sent, r.bytes_received, r.messages)
+               for r in world.log.records]
+    observed = [(op, name, tr.bytes_sent, tr.bytes_received, tr.messages)
+                for op, name, tr, _ in seen]
+    a2a = next(tr for op, _, tr, _ in seen if op == "all_to_all_single")
+    return {"records": records, "observed": observed, "before_wait": before_wait,
+            "a2a_peers": list(a2a.peers),
+            "group_ranks": {name: ranks for _, name, _, ranks in seen}}
+
+
+@pytest.mark.timeout(60)
+def test_traffic_observer_sees_every_logged_op_with_its_peers():
+    p = 4
+    out = run_distributed(_observed, p, timeout_s=50)
+    for rank, got in enumerate(out):
+        # one call per logged op, in log order, with the log's byte and message counts
+        assert got["observed"] == got["records"]
+        ops = [r[0] for r in got["records"]]
+        assert ops == (["all_reduce", "all_to_all_single", "all_gather"]
+                       + (["all_reduce"] if rank in (1, 3) else []))
+        assert got["before_wait"] == 2
+        # the per-peer split the record sums away: group-local peer, sent, received
+        assert got["a2a_peers"] == [
+            (j, 8 * a2a_send_rows(rank, j), 8 * a2a_send_rows(j, rank))
+            for j in range(p) if j != rank]
+        assert got["group_ranks"]["world"] == (0, 1, 2, 3)
+        if rank in (1, 3):
+            assert got["group_ranks"]["odd"] == (1, 3)
+            # the 2-rank ring all-reduce of 32 B moves 2(p-1)/p * N = 32 B each way
+            assert got["records"][-1][1:] == ("odd", 32, 32, 2)
+
+
 # --- gradients against a single-process reference --------------------------------------
 
 

@@ -10,6 +10,9 @@ modelled (`furnace.hybrid.planner`), never measured.
 --checkpoint DIR [--checkpoint-every N] [--resume]`` trains the MoE LM under MoDa on local
 gloo ranks (or as the launched ranks under torchrun; `furnace.hybrid.train`). Every mistake
 in its arguments, a checkpoint's included, exits 2 with one line before any rank starts.
+
+``furnace hybrid validate`` prints the planner's figures against counts and virtual-clock
+times of one emulated MoDa step at 2, 4 and 8 ranks (`furnace.hybrid.validation`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ def _param_count(text: str) -> float:
 
 
 def add_parser(subparsers: Any) -> None:
-    hyb = subparsers.add_parser("hybrid", help="BaGuaLu: MoDa hybrid parallelism (planner)")
+    hyb = subparsers.add_parser("hybrid", help="BaGuaLu: MoDa hybrid parallelism (train, "
+                                "plan, validate the planner)")
     sub = hyb.add_subparsers(dest="hybrid_command", metavar="COMMAND")
     hyb.set_defaults(func=lambda args: (hyb.print_help(), 0)[1])
     plan = sub.add_parser("plan", help="modelled MoDa layouts of an MoE model on a Sunway-class "
@@ -76,6 +80,11 @@ def add_parser(subparsers: Any) -> None:
             "batch_size", "steps", "corpus_bytes")},
     })
     train.set_defaults(func=_train)
+
+    validate = sub.add_parser("validate", help="the planner against one emulated MoDa step "
+                              "at 2, 4 and 8 gloo ranks (virtual clock); exits 1 if a "
+                              "quantity is outside its tolerance")
+    validate.set_defaults(func=_validate)
 
 
 def _plan(args: argparse.Namespace) -> int:
@@ -174,6 +183,8 @@ def _train(args: argparse.Namespace) -> int:
         raise UsageError("--checkpoint", f"{exc.path} {exc.reason}") from None
     except OutputError as exc:
         raise UsageError("--checkpoint", str(exc)) from None
+    if result.rank != 0:  # under torchrun every rank returns here; rank 0 reports
+        return 0 if result.diverged_at is None else 1
     if result.diverged_at is not None:
         print(f"diverged: the loss was not finite at step {result.diverged_at}")
         return 1
@@ -184,4 +195,17 @@ def _train(args: argparse.Namespace) -> int:
           f"{skipped}, {result.seconds:.1f} s")
     if config.checkpoint is not None:
         print(f"checkpoint: {config.checkpoint} (step {result.steps_done})")
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from .validation import PlannerValidationError, assert_validated, format_rows, validate_planner
+
+    rows = validate_planner()
+    print(format_rows(rows))
+    try:
+        assert_validated(rows)
+    except PlannerValidationError as exc:
+        print(exc)
+        return 1
     return 0

@@ -2,7 +2,7 @@
 one process, bf16 against fp32, the two-level all-to-all, the planner's validation and
 scaling curves, and load balance.
 
-Experiments (issue 13, item 7; the quick set runs all six at reduced size):
+Experiments (issue 13, item 7; the quick set runs all seven at reduced size):
 
 - ``equality``: MoDa on 2/4/8 gloo ranks (quick: W = 8, P = 4), a few AdamW steps in fp64,
   against `naive.reference_training` in one process: the worst relative error of every
@@ -12,6 +12,12 @@ Experiments (issue 13, item 7; the quick set runs all six at reduced size):
   `precision.MixedPrecision` (bf16), same seed and data; and the bf16 / fp32 step time of
   `precision.measure_precision_speed`, measured side by side on this CPU. The paper trains in
   mixed precision (design note B.3, recalled); the tolerance is ours.
+- ``memory``: model-state bytes per parameter with AdamW (issue 13, item 2): fp32, bf16
+  under `precision.MixedPrecision` (both accounted by `precision.account_memory` and measured
+  by `precision.measure_memory`: the storage of the real tensors after one step), and the
+  paper's 2 + 2 + 4 + 8 split (design note B.3, recalled; accounted only, since our
+  mechanism is autocast, not half-precision weight copies: the split is our
+  reconstruction's, the 16 B/param between steps the paper's).
 - ``alltoall``: flat against hierarchical (two-level) all-to-all by message size on the
   emulated 8-rank Sunway shape (2 supernodes x 2 nodes x 2 ranks, 16:3 oversubscribed
   between supernodes), next to the alpha-beta model (`alltoall`). The scheme is our
@@ -74,9 +80,12 @@ from .planner import (
     spec_for_machine,
 )
 from .precision import (
+    BAGUALU_BYTES_PER_PARAM,
     MixedPrecision,
     PrecisionSpeedConfig,
+    account_memory,
     cpu_half_precision_features,
+    measure_memory,
     measure_precision_speed,
 )
 from .validation import (
@@ -93,11 +102,16 @@ __all__ = [
     "EXPERIMENTS",
     "EqualityConfig",
     "EqualityRun",
+    "MemoryConfig",
+    "MemoryRuns",
     "PrecisionCurvesConfig",
     "equality_errors",
     "last_crossover",
     "loss_gap",
     "eight_rank_runs",
+    "fp32_account",
+    "memory_result",
+    "memory_runs",
     "moda_equality",
     "precision_curves",
 ]
@@ -524,6 +538,177 @@ def bf16_vs_fp32(ctx: RunContext) -> Result:
                             speed.cpu_features or cpu_half_precision_features())
 
 
+# --- 2b. model-state memory per parameter ----------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryConfig:
+    """The tiny MoE LM whose model states are accounted and measured after one AdamW step.
+
+    Attributes:
+        model: the `furnace.moe.MoETransformerLM` (the bf16_vs_fp32 model).
+        batch: sequences in the step (enough that every expert gets tokens: an expert that
+            gets none makes no bf16 copy of its weights, and the measurement falls short of
+            the account, which assumes every expert works).
+        seed: model initialisation and the batch.
+    """
+
+    model: MoELMConfig = field(default_factory=_precision_model_config)
+    batch: int = 8
+    seed: int = 0
+
+
+# our column names for the components of `MemoryAccount.autocast` and the paper's split
+_MEMORY_PARTS = ("weights", "gradients", "master copy", "Adam m + v", "Adam step counters",
+                 "bf16 matrix copies (forward to backward)")
+
+
+@dataclass(frozen=True)
+class MemoryRuns:
+    """Model-state bytes by component (`MemoryAccount.autocast`'s keys).
+
+    Attributes:
+        parameters, parameter_tensors: P and the number of parameter tensors.
+        accounted: per precision ("fp32", "bf16") the analytic bytes.
+        measured: per precision the storage bytes of the real tensors after one step.
+        paper: the paper's split (`BAGUALU_BYTES_PER_PARAM` times P), accounted only.
+        tokens_per_expert: per precision, per MoE layer, the step's routing counts.
+    """
+
+    parameters: int
+    parameter_tensors: int
+    accounted: dict[str, dict[str, int]]
+    measured: dict[str, dict[str, int]]
+    paper: dict[str, int]
+    tokens_per_expert: dict[str, list[list[int]]]
+
+
+def fp32_account(model: nn.Module) -> dict[str, int]:
+    """Plain fp32 training with Adam(W), in `MemoryAccount.autocast`'s keys: fp32 weights,
+    gradients, m and v (4 B/param each), a 4-byte step counter per tensor, no half copies."""
+    params = list(model.parameters())
+    P = sum(p.numel() for p in params)
+    return {"fp32_weights": 4 * P, "fp32_grads": 4 * P, "adam_m": 4 * P, "adam_v": 4 * P,
+            "adam_step": 4 * len(params), "half_copies": 0}
+
+
+def memory_runs(config: MemoryConfig) -> MemoryRuns:
+    """One AdamW step of the model in fp32 and under `MixedPrecision` (bf16), same seed
+    and batch: `account_memory` (`fp32_account` for fp32) and `measure_memory` of each."""
+    gen = torch.Generator().manual_seed(config.seed)
+    idx_BT = torch.randint(0, config.model.vocab_size, (config.batch, config.model.seq_len + 1),
+                           generator=gen)
+    accounted: dict[str, dict[str, int]] = {}
+    measured: dict[str, dict[str, int]] = {}
+    tokens: dict[str, list[list[int]]] = {}
+    paper: dict[str, int] = {}
+    P = tensors = 0
+    for name, policy in (("fp32", None), ("bf16", MixedPrecision())):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            model = MoETransformerLM(config.model)
+        if policy is not None:
+            policy.apply(model)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        measured[name] = measure_memory(model, lambda m: _loss(m, idx_BT),
+                                        optimizer).as_account()
+        tokens[name] = [[int(n) for n in layer.last_routing.tokens_per_expert]
+                        for layer in model.moe_layers() if layer.last_routing is not None]
+        if policy is None:
+            accounted[name] = fp32_account(model)
+        else:
+            account = account_memory(model, policy)
+            accounted[name], paper = dict(account.autocast), dict(account.paper)
+            P, tensors = account.parameters, account.parameter_tensors
+    return MemoryRuns(parameters=P, parameter_tensors=tensors, accounted=accounted,
+                      measured=measured, paper=paper, tokens_per_expert=tokens)
+
+
+def _memory_parts(bytes_: dict[str, int], paper: bool) -> list[int]:
+    """Bytes in `_MEMORY_PARTS` order. Under autocast the fp32 weights are the master
+    weights (no separate copy); in the paper's split the weights are bf16, the master fp32."""
+    if paper:
+        return [bytes_["half_weights"], bytes_["half_grads"], bytes_["fp32_master"],
+                bytes_["adam_m"] + bytes_["adam_v"], 0, 0]
+    return [bytes_["fp32_weights"], bytes_["fp32_grads"], 0,
+            bytes_["adam_m"] + bytes_["adam_v"], bytes_["adam_step"], bytes_["half_copies"]]
+
+
+def memory_result(runs: MemoryRuns) -> Result:
+    """The bytes-per-parameter table and its claims: measured equals accounted, component
+    by component, and what bf16 autocast keeps between steps against the paper's 16 B."""
+    P = runs.parameters
+    if not P > 0:
+        raise ValueError("the model has no parameters")
+    labels = {"fp32": "fp32", "bf16": "bf16 autocast (fp32 master = weights)"}
+
+    def row(precision: str, label: str, parts: list[int]) -> list[Any]:
+        between = sum(parts[:-1])
+        return [precision, label, *[b / P for b in parts], between / P, sum(parts) / P,
+                sum(parts)]
+
+    rows: list[list[Any]] = []
+    for name in ("fp32", "bf16"):
+        rows.append(row(labels[name], "analytic", _memory_parts(runs.accounted[name], False)))
+        rows.append(row(labels[name], "measured", _memory_parts(runs.measured[name], False)))
+    paper_split = "+".join(str(BAGUALU_BYTES_PER_PARAM[k]) for k in
+                           ("half_weights", "half_grads", "fp32_master"))
+    rows.append(row(f"paper {paper_split}+{BAGUALU_BYTES_PER_PARAM['adam_m'] * 2} (bf16 "
+                    "weights and gradients)", "analytic", _memory_parts(runs.paper, True)))
+    mismatches = [f"{name} {key}: measured {runs.measured[name].get(key)} B, accounted "
+                  f"{runs.accounted[name][key]} B"
+                  for name in ("fp32", "bf16") for key in runs.accounted[name]
+                  if runs.measured[name].get(key) != runs.accounted[name][key]]
+    bf16 = runs.measured["bf16"]
+    steps = bf16["adam_step"]
+    between = sum(v for k, v in bf16.items() if k != "half_copies")
+    paper_total = sum(runs.paper.values())
+    note = (f"Bytes per parameter (P = {P:,}, {runs.parameter_tensors} tensors) after one AdamW "
+            "step of a tiny MoE LM; analytic rows: `account_memory` (fp32: 4 B each for "
+            "weights, gradients, m, v), measured rows: `measure_memory`, the storage of the "
+            "real tensors (the bf16 matrix copies counted as the forward pass saves them for "
+            "the backward; autocast frees them after it). Under autocast the fp32 weights are "
+            "the master weights: no separate copy, fp32 gradients (4 B, not the paper's 2), "
+            "and bf16 copies of the matrix weights only from forward to backward. The "
+            "paper's row is its split (design note B.3, recalled), not a run of ours. "
+            f"Tokens per expert in the step (bf16): {runs.tokens_per_expert.get('bf16')}.")
+    ours_equal = ("equal in every component for fp32 and bf16 autocast "
+                  f"({sum(runs.measured['fp32'].values()):,} B and "
+                  f"{sum(bf16.values()):,} B)" if not mismatches else
+                  "differ: " + "; ".join(mismatches))
+    return Result(
+        tables=[Table(title="Model-state memory per parameter with AdamW: fp32, bf16 "
+                      "autocast, the paper's split",
+                      columns=["precision", "label", *[f"{c} B/param" for c in _MEMORY_PARTS],
+                               "total between steps B/param", "peak total B/param",
+                               "peak total bytes"],
+                      rows=rows, kind="measured", note=note)],
+        claims=[Claim(what="measured model-state bytes equal the accounted ones, component "
+                      "by component (fp32 and bf16 autocast)",
+                      paper=f"{paper_total // P} B/param with Adam: 2 + 2 + 4 + 8 (design "
+                      "note B.3, recalled); the account is ours", ours=ours_equal,
+                      kind="measured", holds=not mismatches),
+                Claim(what="bytes per parameter bf16 autocast keeps between steps (measured)",
+                      paper=f"{paper_total / P:g} B/param (2 bf16 weights + 2 bf16 gradients "
+                      "+ 4 fp32 master + 8 Adam m, v)", source=PAPER,
+                      ours=f"{between / P:.4f} B/param = {(between - steps) / P:g} + Adam's "
+                      f"4-byte step counter per tensor ({steps / P:.4f}), split "
+                      f"{bf16['fp32_weights'] / P:g} fp32 weights (= master) + "
+                      f"{bf16['fp32_grads'] / P:g} fp32 gradients + "
+                      f"{(bf16['adam_m'] + bf16['adam_v']) / P:g} Adam m, v; plus "
+                      f"{bf16['half_copies'] / P:.2f} B/param "
+                      "of bf16 matrix copies from forward to backward (peak "
+                      f"{sum(bf16.values()) / P:.2f} B/param)", kind="measured",
+                      holds=between - steps == paper_total)],
+        data={"parameters": P, "parameter_tensors": runs.parameter_tensors,
+              "accounted": runs.accounted, "measured": runs.measured, "paper": runs.paper,
+              "tokens_per_expert": runs.tokens_per_expert})
+
+
+def memory(ctx: RunContext) -> Result:
+    ctx.progress("one AdamW step, fp32 and bf16")
+    return memory_result(memory_runs(MemoryConfig()))
+
+
 # --- 3. flat vs hierarchical all-to-all -----------------------------------------------------
 
 A2A_WORLD = 8
@@ -943,6 +1128,8 @@ EXPERIMENTS = [
     Experiment("hybrid", "equality", "MoDa on gloo ranks equals one process (fp64)", equality),
     Experiment("hybrid", "bf16_vs_fp32", "bf16 vs fp32: loss curves and step time",
                bf16_vs_fp32),
+    Experiment("hybrid", "memory", "Model-state bytes per parameter: fp32, bf16 autocast, "
+               "the paper's 2+2+4+8", memory),
     Experiment("hybrid", "alltoall", "Flat vs hierarchical all-to-all by message size "
                "(emulated)", alltoall),
     Experiment("hybrid", "planner_validation", "The planner against emulated MoDa steps at "

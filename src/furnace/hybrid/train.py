@@ -279,9 +279,11 @@ def _positive_int(name: str, value: Any) -> None:
 
 @dataclass(kw_only=True)
 class HybridTrainResult(TrainResult):
-    """A MoDa run, as rank 0 saw it.
+    """A MoDa run, as rank 0 saw it (under torchrun: as this rank saw it).
 
     Attributes:
+        rank: the rank whose result this is (0 for local ranks; torchrun's RANK under
+            torchrun, where every rank returns its own and only rank 0 should report).
         world_size, expert_parallel_size: the layout of this (possibly resumed) run.
         precision: "fp32", "bf16" or "fp16".
         skipped_steps: the steps whose update an fp16 overflow skipped (every rank the
@@ -290,6 +292,7 @@ class HybridTrainResult(TrainResult):
         checkpoint: the checkpoint folder (None without one).
     """
 
+    rank: int = 0
     world_size: int = 1
     expert_parallel_size: int = 1
     precision: str = "fp32"
@@ -438,7 +441,7 @@ def train_rank(config: HybridTrainConfig, *,
     if policy is not None:
         hooks = policy.hooks(hooks)
         loss = policy.wrap_loss(shard_loss)
-    result = HybridTrainResult(world_size=W, expert_parallel_size=groups.layout.
+    result = HybridTrainResult(rank=r, world_size=W, expert_parallel_size=groups.layout.
                                expert_parallel_size, precision=config.precision,
                                checkpoint=config.checkpoint)
     store = ModaCheckpointStore(handle, scaler)
@@ -481,7 +484,8 @@ def train_hybrid(config: HybridTrainConfig, *, progress: bool = True,
     """Train under MoDa: on ``config.world_size`` spawned local gloo ranks, or, under
     torchrun, as this rank of the launched world (whose size replaces
     ``config.world_size``). Every checkpoint rule is checked here, before any rank starts.
-    Returns rank 0's result (under torchrun: this rank's), without the model.
+    Returns rank 0's result (under torchrun: this rank's, with ``rank`` set; the group is
+    destroyed after a barrier before it returns or raises), without the model.
 
     Raises:
         HybridTrainConfigError: the config does not fit torchrun's world.
@@ -494,7 +498,10 @@ def train_hybrid(config: HybridTrainConfig, *, progress: bool = True,
         import os
 
         config = config.for_world(int(os.environ["WORLD_SIZE"]))
+        # every rank checks before the rendezvous, so no rank can have written the
+        # checkpoint another rank is checking, and a refused run joins no group
         prepare_hybrid_checkpoint(config)
+        _global_batches(config)
         with init_from_env(backend="gloo", timeout_s=timeout_s) as ctx:
             return _rank_main(ctx.rank, ctx.world_size, config, progress, stop_at)
     prepare_hybrid_checkpoint(config)

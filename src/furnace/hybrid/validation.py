@@ -85,7 +85,6 @@ __all__ = [
     "flop_counter",
     "format_rows",
     "lm_config_for",
-    "main",
     "plan_for",
     "planner_topology",
     "rank_steps",
@@ -257,15 +256,16 @@ def build_lm(config: ValidationConfig) -> MoETransformerLM:
 
 class _LevelCounter:
     """Bytes and messages this rank sends, per op and link level, attributed as the
-    emulator does (`NetworkEmulator.duration`)."""
+    emulator does (`NetworkEmulator.duration`); a `Communicator` ``on_traffic`` observer
+    (the per-peer split it needs is not in the `CommLog` records)."""
 
-    def __init__(self, topology: Topology, rank: int) -> None:
+    def __init__(self, topology: Topology) -> None:
         self.topology = topology
-        self.rank = rank
         self.bytes: dict[str, dict[str, int]] = {}
         self.messages: dict[str, dict[str, int]] = {}
 
-    def add(self, op: str, tr: Traffic, global_ranks: tuple[int, ...]) -> None:
+    def __call__(self, op: str, tr: Traffic, comm: Communicator) -> None:
+        global_ranks = comm.global_ranks
         by_bytes = self.bytes.setdefault(op, {})
         by_messages = self.messages.setdefault(op, {})
         if tr.pattern == "ring":
@@ -275,30 +275,12 @@ class _LevelCounter:
                 by_messages[level] = by_messages.get(level, 0) + tr.messages
             return
         for peer, sent, _ in tr.peers:
-            lvl: LinkLevel = self.topology.level(self.rank, global_ranks[peer])
+            lvl: LinkLevel = self.topology.level(global_ranks[comm.rank],
+                                                 global_ranks[peer])
             if lvl == "self" or not sent:
                 continue
             by_bytes[lvl] = by_bytes.get(lvl, 0) + sent
             by_messages[lvl] = by_messages.get(lvl, 0) + 1
-
-
-class _CountingCommunicator(Communicator):
-    """A `Communicator` that also hands every op's `Traffic` (with its peers, which the
-    `CommLog` record drops) to a `_LevelCounter`."""
-
-    counter: _LevelCounter
-
-    def _traffic(self, op: str, **kw: Any) -> Traffic:
-        tr = super()._traffic(op, **kw)
-        self.counter.add(op, tr, self.global_ranks)
-        return tr
-
-
-def _counting(group: dist.ProcessGroup | None, name: str, log: CommLog,
-              network: NetworkEmulator, counter: _LevelCounter) -> _CountingCommunicator:
-    comm = _CountingCommunicator(group, log=log, network=network, name=name)
-    comm.counter = counter
-    return comm
 
 
 def _cpu_sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
@@ -351,11 +333,12 @@ def _rank_step(rank: int, world_size: int, config: ValidationConfig) -> dict[str
                         recompute=False).moda_layout(topology)
     log = CommLog()
     network = NetworkEmulator(NetworkEmulation(topology=topology, mode="virtual"), rank=rank)
-    counter = _LevelCounter(topology, rank)
-    world = _counting(group, "world", log, network, counter)
+    counter = _LevelCounter(topology)
+    world = Communicator(group, log=log, network=network, name="world", on_traffic=counter)
     # P = W (BaGuaLu's default): the EP group is the world, the EDP group this rank alone;
     # built here rather than by MoDaGroups.create, whose world is the whole job's
-    edp = _counting(singles[rank], "edp", log, network, counter)
+    edp = Communicator(singles[rank], log=log, network=network, name="edp",
+                       on_traffic=counter)
     groups = MoDaGroups(layout=layout, rank=rank, world=world, ep=world, edp=edp)
     model = build_lm(config)
     lm_params = sum(p.numel() for p in model.parameters())
@@ -497,20 +480,3 @@ def format_rows(rows: list[ValidationRow]) -> str:
                      f"{r.measured:>12.6g} {r.ratio:>8.4f} {r.tolerance:>6.2g} "
                      f"{r.label:<9} {'yes' if r.ok else 'NO'}")
     return "\n".join(lines)
-
-
-def main() -> int:
-    """``python -m furnace.hybrid.validation``: the table at W = 2, 4, 8; exit 1 if a
-    quantity is outside its tolerance."""
-    rows = validate_planner()
-    print(format_rows(rows))
-    try:
-        assert_validated(rows)
-    except PlannerValidationError as exc:
-        print(exc)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -3,7 +3,9 @@
 A `Communicator` binds a process group (passed in, never a module global), a `CommLog`
 and optionally a `NetworkEmulator` (`netem.py`). Each op records the bytes this rank
 sends and receives, its message count and its wall time; with an emulator it also
-completes no earlier than the modelled time and records that time.
+completes no earlier than the modelled time and records that time. An optional
+``on_traffic`` observer sees each logged op's full `Traffic`, per-peer split included,
+which the `CommLog` record sums away (e.g. to tally bytes per link level).
 
 The byte model of every op is written once, in `traffic`, and states the algorithm it
 assumes (ring for all-reduce, all-gather and reduce-scatter; a pipelined chain for
@@ -40,6 +42,7 @@ __all__ = [
     "CommRecord",
     "Communicator",
     "Traffic",
+    "TrafficObserver",
     "all_reduce_autograd",
     "all_to_all_single_autograd",
     "traffic",
@@ -315,6 +318,11 @@ class CommHandle(Generic[ResultT]):
         return self._result  # type: ignore[return-value]
 
 
+TrafficObserver = Callable[[str, Traffic, "Communicator"], None]
+"""``on_traffic(op, traffic, comm)``: an op's name, its `Traffic` on this rank (``peers``
+group-local: ``comm.global_ranks[peer]`` is the global rank) and the communicator."""
+
+
 class Communicator:
     """Collectives over one process group, logged and optionally network-emulated.
 
@@ -323,6 +331,8 @@ class Communicator:
         log: where records go; a fresh `CommLog` if omitted.
         network: a `NetworkEmulator` that paces every op to its modelled time.
         name: the group's name in logs ("world", "ep", "dp", ...).
+        on_traffic: called once per op, when the op completes and its record is added
+            to ``log`` (so exactly for the ops the log holds, in the same order).
 
     Ranks passed to ops (``src``, ``dst``, ``root``) are indices within the group.
     """
@@ -334,6 +344,7 @@ class Communicator:
         log: CommLog | None = None,
         network: NetworkEmulator | None = None,
         name: str = "world",
+        on_traffic: TrafficObserver | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("Communicator needs an initialized process group "
@@ -342,6 +353,7 @@ class Communicator:
         self.log = log if log is not None else CommLog()
         self.network = network
         self.name = name
+        self.on_traffic = on_traffic
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.global_ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
@@ -378,6 +390,8 @@ class Communicator:
                 dtype=str(tensor.dtype).removeprefix("torch.") if tensor is not None else "",
                 numel=tensor.numel() if tensor is not None else 0,
             ))
+            if self.on_traffic is not None:
+                self.on_traffic(op, tr, self)
             return result
 
         return CommHandle(finish)
