@@ -21,6 +21,7 @@ from functools import cache
 import pytest
 import torch
 
+from furnace.hybrid.experiments import equality_errors
 from furnace.hybrid.layout import MoDaGroups, MoDaLayout
 from furnace.hybrid.moda import moda_parallel, train_moda
 from furnace.hybrid.naive import ReferenceStep, lm_loss, reference_training
@@ -133,19 +134,7 @@ def _train_rank(rank: int, world_size: int, expert_parallel_sizes: list[int],
 
 def _errors(run: dict, ref: list[ReferenceStep]) -> dict[str, float]:
     """Worst relative error per (step, kind of value, parameter) of one rank's run."""
-    E = CONFIG.num_experts // run["P"]
-    lo, hi = run["shard"] * E, (run["shard"] + 1) * E
-    errors = {}
-    for i, (step, ref_step) in enumerate(zip(run["steps"], ref)):
-        grad_peak = max(float(g.abs().max()) for g in ref_step.grads.values())
-        for what, ref_values in (("grads", ref_step.grads), ("params", ref_step.params)):
-            for name, actual in step[what].items():
-                full = ref_values[name]
-                expected = full[lo:hi] if run["kinds"][name] == "expert" else full
-                scale = float(full.abs().max()) or grad_peak
-                errors[f"step{i + 1}/{what}/{name}"] = max_relative_error(expected, actual,
-                                                                          scale)
-    return errors
+    return equality_errors(run, ref, CONFIG.num_experts)
 
 
 def _check_loop(ranks: list[dict]) -> None:

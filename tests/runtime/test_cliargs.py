@@ -151,3 +151,17 @@ def test_mistakes_in_the_commands_code_are_type_errors():
     parser = Parser()
     add_config_arguments(parser, NoHelp, overrides={"steps": {"help": "steps"}})
     assert parser.parse_args(["--steps", "4"]).steps == 4
+
+
+def test_checkpoint_usage_error_names_the_flag_and_the_path(tmp_path):
+    from furnace.runtime.atomic import OutputError
+    from furnace.runtime.cliargs import checkpoint_usage_error
+    from furnace.runtime.training import CheckpointExistsError, CorruptCheckpointError
+
+    exists = checkpoint_usage_error(CheckpointExistsError(tmp_path / "ck", "exists"))
+    assert exists.argument == "--checkpoint" and str(tmp_path / "ck") in exists.allowed
+    assert "--resume" in exists.allowed and "--overwrite" in exists.allowed
+    corrupt = checkpoint_usage_error(CorruptCheckpointError(tmp_path / "ck", "is garbage"),
+                                     flag="--resume")
+    assert str(corrupt) == f"argument --resume: {tmp_path / 'ck'} is garbage"
+    assert checkpoint_usage_error(OutputError("no room")).allowed == "no room"

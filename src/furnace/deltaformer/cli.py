@@ -24,6 +24,7 @@ from typing import Any
 from furnace.runtime.cliargs import (
     UsageError,
     add_config_arguments,
+    checkpoint_usage_error,
     config_from_args,
     float_in,
     int_in,
@@ -183,7 +184,6 @@ def _train(args: argparse.Namespace) -> int:
 
     from .train import (
         CheckpointError,
-        CheckpointExistsError,
         CheckpointMismatchError,
         TrainDataError,
         prepare_checkpoint,
@@ -201,13 +201,8 @@ def _train(args: argparse.Namespace) -> int:
         state = prepare_checkpoint(config, resume=args.resume, overwrite=args.overwrite)
     except CheckpointMismatchError as exc:
         raise _mismatch_error(exc) from None
-    except CheckpointExistsError as exc:
-        raise UsageError("--checkpoint", f"{exc.path} exists; pass --resume to continue its "
-                         "run or --overwrite to replace it") from None
-    except CheckpointError as exc:
-        raise UsageError("--checkpoint", f"{exc.path} {exc.reason}") from None
-    except OutputError as exc:
-        raise UsageError("--checkpoint", str(exc)) from None
+    except (CheckpointError, OutputError) as exc:
+        raise checkpoint_usage_error(exc) from None
 
     console = Console()
     if state is not None:

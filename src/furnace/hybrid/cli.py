@@ -153,10 +153,9 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from furnace.runtime.atomic import OutputError
-    from furnace.runtime.cliargs import config_from_args
+    from furnace.runtime.cliargs import checkpoint_usage_error, config_from_args
     from furnace.runtime.training import (
         CheckpointError,
-        CheckpointExistsError,
         CheckpointMismatchError,
     )
 
@@ -176,13 +175,8 @@ def _train(args: argparse.Namespace) -> int:
         raise UsageError(flag(exc.differences[0][0]), f"the checkpoint {exc.path} was "
                          f"written by another run: {listed}; give its values to resume it "
                          "or --overwrite without --resume to start over") from None
-    except CheckpointExistsError as exc:
-        raise UsageError("--checkpoint", f"{exc.path} exists; pass --resume to continue its "
-                         "run or --overwrite to replace it") from None
-    except CheckpointError as exc:
-        raise UsageError("--checkpoint", f"{exc.path} {exc.reason}") from None
-    except OutputError as exc:
-        raise UsageError("--checkpoint", str(exc)) from None
+    except (CheckpointError, OutputError) as exc:
+        raise checkpoint_usage_error(exc) from None
     if result.rank != 0:  # under torchrun every rank returns here; rank 0 reports
         return 0 if result.diverged_at is None else 1
     if result.diverged_at is not None:

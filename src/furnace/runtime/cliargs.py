@@ -36,6 +36,7 @@ from .atomic import OutputError, check_writable_dir, check_writable_file
 __all__ = [
     "DefaultsFormatter",
     "add_config_arguments",
+    "checkpoint_usage_error",
     "config_from_args",
     "Parser",
     "UsageError",
@@ -62,6 +63,20 @@ class UsageError(Exception):
         self.argument = argument
         self.allowed = allowed
         super().__init__(f"argument {argument}: {allowed}" if argument else allowed)
+
+
+def checkpoint_usage_error(exc: Exception, flag: str = "--checkpoint") -> UsageError:
+    """A trainer's refusal to use its checkpoint (`furnace.runtime.training.CheckpointError`
+    other than a config mismatch, which each CLI words with its own flags, or an unwritable
+    path, `furnace.runtime.atomic.OutputError`) in a CLI's words, naming ``flag``."""
+    from .training import CheckpointError, CheckpointExistsError
+
+    if isinstance(exc, CheckpointExistsError):
+        return UsageError(flag, f"{exc.path} exists; pass --resume to continue its run or "
+                          "--overwrite to replace it")
+    if isinstance(exc, CheckpointError):
+        return UsageError(flag, f"{exc.path} {exc.reason}")
+    return UsageError(flag, str(exc))
 
 
 def require(condition: bool, argument: str, allowed: str) -> None:
