@@ -397,3 +397,40 @@ def test_no_rank_leaves_a_process_group_alive_under_torchrun(tmp_path, case):
         assert "selfcheck: ok (10 ops per rank, 2 ranks, gloo)" in log
     if case == "moe-bench":
         assert "baseline" in log
+
+
+_THREE_GROUPS = """
+import os
+import torch
+import torch.distributed as dist
+from furnace.runtime.launch import init_from_env
+
+rank = int(os.environ["RANK"])
+for i in range(3):
+    with init_from_env() as ctx:
+        total = torch.tensor([float(rank + i)])
+        dist.all_reduce(total)
+        print(f"rank {rank} group {i} sum {total.item():g}", flush=True)
+print(f"rank {rank} done; group alive: {dist.is_initialized()}", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_one_process_creates_several_groups_in_turn_under_torchrun(tmp_path):
+    # each group has its own namespace in torchrun's store: a second group once read the
+    # first one's gloo addresses from a shared prefix and hung or was refused
+    torchrun = Path(sys.executable).with_name("torchrun")
+    if not torchrun.exists():
+        pytest.skip("torchrun is not installed beside this Python")
+    script = tmp_path / "groups.py"
+    script.write_text(_THREE_GROUPS)
+    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(script)],
+                         capture_output=True, text=True, timeout=100,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    for rank in (0, 1):
+        for i in range(3):
+            assert f"rank {rank} group {i} sum {1 + 2 * i:g}" in log, log
+        assert f"rank {rank} done; group alive: False" in log, log

@@ -253,6 +253,7 @@ def init_from_env(*, backend: str | None = None,
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     timeout = timedelta(seconds=timeout_s)
+    group_number = next(_groups_created)
     if is_torchrun():
         rank = int(os.environ["RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
@@ -268,8 +269,11 @@ def init_from_env(*, backend: str | None = None,
         # that the end-of-block barrier can meet at the same store
         store, rank, world_size = next(dist.rendezvous("env://", timeout=timeout))
         store.set_timeout(timeout)
-        dist.init_process_group(backend, store=dist.PrefixStore("default_pg", store),
-                                rank=rank, world_size=world_size, timeout=timeout)
+        # a namespace per group: the launcher's store outlives a group, and a second group
+        # of this process under a shared prefix would read the first one's stale addresses
+        dist.init_process_group(backend, store=dist.PrefixStore(
+            f"{_group_namespace(group_number)}/default_pg", store), rank=rank,
+            world_size=world_size, timeout=timeout)
     else:
         rank, world_size, local_rank = 0, 1, 0
         device = _device_for(backend, 0)
@@ -279,19 +283,20 @@ def init_from_env(*, backend: str | None = None,
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
     return DistributedContext(rank, world_size, local_rank, backend, device,
                               owns_group=True, timeout_s=timeout_s,
-                              barrier_store=_end_of_group_store(store))
+                              barrier_store=dist.PrefixStore(
+                                  f"{_group_namespace(group_number)}/end-of-group", store))
 
 
 # groups this process has created with init_from_env; every rank counts the same sequence
 _groups_created = itertools.count()
 
 
-def _end_of_group_store(store: dist.Store) -> dist.Store:
-    """A namespace of ``store`` for one group's end-of-block barrier. A launcher's store
-    outlives a group (a process may create several, torchrun may restart the workers), so
-    the name carries the restart and the group's number."""
+def _group_namespace(group_number: int) -> str:
+    """The keys of one group in a launcher's store. The store outlives a group (a process
+    may create several, torchrun may restart the workers), so the name carries the restart
+    and the group's number."""
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"furnace/end-of-group/{restart}/{next(_groups_created)}", store)
+    return f"furnace/group/{restart}/{group_number}"
 
 
 def _join_existing(backend: str | None, timeout_s: float | None) -> DistributedContext:
