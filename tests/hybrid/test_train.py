@@ -16,10 +16,6 @@ ranks 1e-6 (the same computations on the same layout).
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,7 +26,12 @@ from furnace.hybrid.naive import lm_loss
 from furnace.hybrid.train import HybridTrainConfig, _global_batches, train_hybrid, train_rank
 from furnace.moe import MoETransformerLM
 from furnace.runtime import run_distributed
-from furnace.runtime.testing import max_relative_error
+from furnace.runtime.testing import (
+    TORCHRUN_ENTRY,
+    max_relative_error,
+    run_torchrun,
+    torchrun_outcomes,
+)
 from furnace.runtime.training import TrainResult, train_loop
 
 STEPS = 4
@@ -115,59 +116,34 @@ def test_half_precision_under_expert_parallelism() -> None:
 
 
 
-# `furnace hybrid train` under torchrun: the entry runs the CLI's main with torchrun's argv
-# and reports, per rank, how main ended and whether its process group outlived it (the
-# error path of the same with-block is tested for other entry points in
-# tests/runtime/test_launch.py). One run per launch: a second group in the same torchrun
-# process can read the first one's gloo addresses from the launcher's store.
-_TORCHRUN_ENTRY = """
-import os, sys
-import torch.distributed as dist
-from furnace.cli import main
-try:
-    outcome = f"returned {main(sys.argv[1:])}"
-except BaseException as exc:
-    outcome = f"raised {type(exc).__name__}"
-print(f"rank {os.environ['RANK']}: main {outcome}; group alive after main: "
-      f"{dist.is_initialized()}", flush=True)
-"""
+# `furnace hybrid train` under torchrun: `TORCHRUN_ENTRY` runs the CLI's main and reports,
+# per rank, how main ended and whether its process group outlived it (the error path of
+# the same with-block is tested for other entry points in tests/runtime/test_launch.py).
 TINY_ARGV = ["hybrid", "train", "--steps", "3", "--d-model", "8", "--d-hidden", "8",
              "--seq-len", "8", "--batch-size", "4", "--corpus-bytes", "50000"]
 
 
-def _torchrun(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess[str]:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    if not torchrun.exists():
-        pytest.skip(f"no torchrun next to {sys.executable}")
+def _torchrun(tmp_path: Path, *argv: str) -> tuple[str, str]:
     script = tmp_path / "entry.py"
-    script.write_text(_TORCHRUN_ENTRY)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(script),
-                          *argv], capture_output=True, text=True, timeout=100,
-                         env={**env, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out
-
-
-def _outcomes(log: str) -> dict[int, tuple[str, str]]:
-    # searched anywhere: the ranks share torchrun's output, so a report may follow
-    # another rank's unterminated line
-    found = re.findall(r"rank (\d+): main (returned \d+|raised \w+); "
-                       r"group alive after main: (True|False)", log)
-    return {int(rank): (outcome, alive) for rank, outcome, alive in found}
+    script.write_text(TORCHRUN_ENTRY)
+    try:
+        returncode, out, err = run_torchrun(script, "cli", *argv, cwd=tmp_path)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert returncode == 0, out + err
+    return out, err
 
 
 @pytest.mark.timeout(120)
 def test_torchrun_matches_local_ranks_and_leaves_no_group(tmp_path) -> None:
     folder = tmp_path / "ckpt"
-    out = _torchrun(tmp_path, *TINY_ARGV, "--checkpoint", str(folder))
-    log = out.stdout + out.stderr
-    assert _outcomes(log) == {0: ("returned 0", "False"), 1: ("returned 0", "False")}, log
+    stdout, stderr = _torchrun(tmp_path, *TINY_ARGV, "--checkpoint", str(folder))
+    log = stdout + stderr
+    assert torchrun_outcomes(log) == {0: ("returned 0", "False"), 1: ("returned 0", "False")}, log
     # only rank 0 reports; the other rank returns the same exit code silently
-    assert out.stdout.count("final loss") == 1, log
-    assert "MoDa W=2 P=2 fp32: 3 steps" in out.stdout, log
-    assert f"checkpoint: {folder} (step 3)" in out.stdout, log
+    assert stdout.count("final loss") == 1, log
+    assert "MoDa W=2 P=2 fp32: 3 steps" in stdout, log
+    assert f"checkpoint: {folder} (step 3)" in stdout, log
     launched = read_moda_metadata(folder)["loop"]["losses"]
     local = train_hybrid(HybridTrainConfig(steps=3, d_model=8, d_hidden=8, seq_len=8,
                                            batch_size=4, corpus_bytes=50_000, world_size=2),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from furnace.runtime.launch import DistributedError, run_distributed, torch_threads
+from furnace.runtime.testing import TORCHRUN_ENTRY, run_torchrun, torchrun_outcomes
 
 
 def _rank_info(rank: int, world_size: int, scale: int) -> tuple:
@@ -301,67 +301,22 @@ def test_joining_an_existing_group_warns_about_each_ignored_argument_and_leaves_
         assert "timeout_s=7 is ignored" in messages[1]
 
 
-_TORCHRUN_ENTRY = """
-import importlib, os, sys
-import torch.distributed as dist
-
-# usage: entry.py cli|selfcheck [--fail-on-rank-1 MODULE:FUNCTION] [ARGS...]
-entry, argv = sys.argv[1], sys.argv[2:]
-rank = int(os.environ["RANK"])
-if argv[:1] == ["--fail-on-rank-1"]:
-    module_name, name = argv[1].split(":")
-    argv = argv[2:]
-    module = importlib.import_module(module_name)
-    original = getattr(module, name)
-
-    def fail_on_rank_1(*args, **kwargs):
-        # rank 0 goes on into collectives that rank 1 never joins
-        if rank == 1:
-            raise RuntimeError("failure injected on rank 1")
-        return original(*args, **kwargs)
-
-    setattr(module, name, fail_on_rank_1)
-if entry == "cli":
-    from furnace.cli import main as run
-    run_main = lambda: run(argv)
-else:
-    from furnace.runtime.selfcheck import main as run_main
-try:
-    outcome = f"returned {run_main()}"
-except BaseException as exc:
-    outcome = f"raised {type(exc).__name__}"
-print(f"rank {rank}: main {outcome}; group alive after main: {dist.is_initialized()}",
-      flush=True)
-# exit 0 even on the error path: torchrun would otherwise kill the peer before it reports
-"""
-
 _TINY_BENCH = ["moe", "bench", "--mode", "measured", "--world-size", "2", "--tokens", "8",
                "--d-model", "8", "--d-hidden", "8", "--steps", "1", "--policies", "baseline"]
 
 
 def _torchrun(tmp_path: Path, entry: str, *argv: str) -> str:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    if not torchrun.exists():
-        pytest.skip("torchrun is not installed beside this Python")
     script = tmp_path / "entry.py"
-    script.write_text(_TORCHRUN_ENTRY)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(script), entry, *argv],
-        capture_output=True, text=True, timeout=100, env=env,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout + out.stderr
+    script.write_text(TORCHRUN_ENTRY)
+    try:
+        returncode, out, err = run_torchrun(script, entry, *argv)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    assert returncode == 0, out + err
+    return out + err
 
 
-def _outcomes(log: str) -> dict[int, tuple[str, str]]:
-    """Each rank's (how main ended, whether its group was still alive after main).
-
-    Searched anywhere in the log: the ranks share torchrun's output, so a report may follow
-    another process's unterminated line."""
-    found = re.findall(r"rank (\d+): main (returned \d+|raised \w+); "
-                       r"group alive after main: (True|False)", log)
-    return {int(rank): (outcome, alive) for rank, outcome, alive in found}
+_outcomes = torchrun_outcomes
 
 
 # every entry point that joins a process group under torchrun, on success and on an error
@@ -420,16 +375,14 @@ print(f"rank {rank} done; group alive: {dist.is_initialized()}", flush=True)
 def test_one_process_creates_several_groups_in_turn_under_torchrun(tmp_path):
     # each group has its own namespace in torchrun's store: a second group once read the
     # first one's gloo addresses from a shared prefix and hung or was refused
-    torchrun = Path(sys.executable).with_name("torchrun")
-    if not torchrun.exists():
-        pytest.skip("torchrun is not installed beside this Python")
     script = tmp_path / "groups.py"
     script.write_text(_THREE_GROUPS)
-    out = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", str(script)],
-                         capture_output=True, text=True, timeout=100,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log
+    try:
+        returncode, out, err = run_torchrun(script)
+    except FileNotFoundError as exc:
+        pytest.skip(str(exc))
+    log = out + err
+    assert returncode == 0, log
     for rank in (0, 1):
         for i in range(3):
             assert f"rank {rank} group {i} sum {1 + 2 * i:g}" in log, log
