@@ -21,6 +21,7 @@ from functools import cache
 import pytest
 import torch
 
+from furnace.hybrid.alltoall import emulated_supernode_topology
 from furnace.hybrid.experiments import equality_errors
 from furnace.hybrid.layout import MoDaGroups, MoDaLayout
 from furnace.hybrid.moda import moda_parallel, train_moda
@@ -28,7 +29,7 @@ from furnace.hybrid.naive import ReferenceStep, lm_loss, reference_training
 from furnace.moe import MoELMConfig, MoETransformerLM
 from furnace.runtime import init_from_env, run_distributed
 from furnace.runtime.testing import max_relative_error
-from furnace.runtime.topology import Device, Link, Topology
+from furnace.runtime.topology import Topology
 from furnace.runtime.training import TrainLoopConfig, TrainResult, train_loop
 
 TOL = 1e-10
@@ -37,17 +38,6 @@ GLOBAL_BATCH, STEPS, LR = 8, 3, 2e-2
 LOOP = TrainLoopConfig(steps=STEPS, lr=LR, weight_decay=0.1, clip=0.05, seed=0)
 CONFIG = MoELMConfig(vocab_size=16, d_model=8, num_layers=1, num_heads=2, seq_len=6,
                      num_experts=8, top_k=2, d_hidden=6)
-
-
-def topology_2x2x2() -> Topology:
-    """8 ranks as 2 supernodes x 2 nodes x 2 core groups (a Sunway-shaped toy)."""
-    link = Link(name="toy", latency_s=1e-6, bandwidth_Bps=1e9)
-    return Topology(name="toy-sunway", device=Device(name="toy core group",
-                                                     peak_flops={"float64": 1e9},
-                                                     memory_bytes=2**30,
-                                                     memory_bandwidth_Bps=1e9),
-                    ranks_per_node=2, intra_node=link, inter_node=link, nodes_per_group=2,
-                    oversubscription=16 / 3, group_label="supernode")
 
 
 def build_model() -> MoETransformerLM:
@@ -206,7 +196,8 @@ def test_moda_matches_single_process_on_4_ranks_with_ep_smaller_than_world():
 @pytest.mark.timeout(180)
 def test_moda_matches_single_process_on_8_ranks_laid_out_as_2x2x2():
     # EP group = one supernode (4 ranks), two replicas of each shard across supernodes
-    _check(8, [4], topology_2x2x2())
+    # 2 supernodes x 2 nodes x 2 core groups: MoDa's layout rule sees the supernodes
+    _check(8, [4], emulated_supernode_topology())
 
 
 def test_reference_moves_every_parameter_and_routes_unevenly():

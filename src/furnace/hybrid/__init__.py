@@ -45,7 +45,7 @@ from .checkpoint import (
     save_moda_checkpoint,
     save_module_checkpoint,
 )
-from .config import LayoutError, MoEModelSpec, PlanLayout, parse_param_count
+from .config import ConfigFieldError, LayoutError, MoEModelSpec, PlanLayout, parse_param_count
 from .layout import MoDaGroups, MoDaLayout
 from .moda import MoDa, ParamKind, moda_parallel, train_moda
 from .naive import ReferenceStep, lm_loss, reference_training
@@ -112,6 +112,7 @@ __all__ = [
     "BalanceRow",
     "BalanceStudy",
     "Calibration",
+    "ConfigFieldError",
     "CalibrationError",
     "DynamicLossScaler",
     "ExchangePlan",

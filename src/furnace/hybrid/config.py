@@ -21,13 +21,15 @@ from furnace.runtime.topology import Topology
 
 from .layout import MoDaLayout
 
-__all__ = ["LayoutError", "PlanLayout", "MoEModelSpec", "parse_param_count"]
+__all__ = ["ConfigFieldError", "LayoutError", "MoEModelSpec", "PlanLayout", "parse_param_count",
+           "require_positive_ints"]
 
 _SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
 
 
-class LayoutError(ValueError):
-    """An invalid spec or layout; ``field`` names the offending field."""
+class ConfigFieldError(ValueError):
+    """A config field has a value that cannot be used; ``field`` names it and ``allowed``
+    says what is allowed (with the value given), so a CLI can name its own flag."""
 
     def __init__(self, field_name: str, allowed: str) -> None:
         self.field = field_name
@@ -35,12 +37,17 @@ class LayoutError(ValueError):
         super().__init__(f"{field_name}: {allowed}")
 
 
-def _require_positive_ints(config: object, names: tuple[str, ...]) -> None:
-    """Each named field an integer >= 1 (a bool is not a count)."""
+class LayoutError(ConfigFieldError):
+    """An invalid spec or layout."""
+
+
+def require_positive_ints(config: object, names: tuple[str, ...],
+                          error: type[ConfigFieldError] = LayoutError) -> None:
+    """Each named field an integer >= 1 (a bool is not a count); ``error`` otherwise."""
     for name in names:
         value = getattr(config, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise LayoutError(name, f"must be an integer >= 1, got {value!r}")
+            raise error(name, f"must be an integer >= 1, got {value!r}")
 
 
 def parse_param_count(text: str) -> float:
@@ -79,7 +86,7 @@ class MoEModelSpec:
         "help": "the output projection shares the token embedding's V H weights"})
 
     def __post_init__(self) -> None:
-        _require_positive_ints(self, ("num_layers", "d_model", "d_hidden", "num_experts",
+        require_positive_ints(self, ("num_layers", "d_model", "d_hidden", "num_experts",
                                       "top_k", "num_heads", "seq_len", "vocab",
                                       "tokens_per_step"))
         if not isinstance(self.tied_embeddings, bool):
@@ -181,7 +188,7 @@ class PlanLayout:
         "the backward pass (one extra forward)"})
 
     def __post_init__(self) -> None:
-        _require_positive_ints(self, ("world_size", "ep_size"))
+        require_positive_ints(self, ("world_size", "ep_size"))
         if self.ep_size > self.world_size:
             raise LayoutError("ep_size", f"must be <= world_size ({self.world_size}), "
                               f"got {self.ep_size}")

@@ -52,7 +52,7 @@ from torch import nn
 from furnace.moe import MoELMConfig, MoETransformerLM
 from furnace.runtime.reproduce import KINDS, Claim, Experiment, Kind, Result, RunContext, Table
 from furnace.runtime.testing import max_relative_error
-from furnace.runtime.topology import Device, Link, Topology
+from furnace.runtime.topology import Topology
 from furnace.runtime.training import TrainLoopConfig, TrainResult, train_loop
 
 from .alltoall import (
@@ -296,18 +296,6 @@ def moda_equality(config: EqualityConfig, world_size: int, sizes: Sequence[int],
     return summarize_equality(world_size, per_rank, reference, config.model.num_experts)
 
 
-def toy_sunway_topology() -> Topology:
-    """8 ranks as 2 supernodes x 2 nodes x 2 core groups: MoDa's layout rule checks that an
-    EP group does not straddle a supernode (the links do not matter here)."""
-    link = Link(name="toy", latency_s=1e-6, bandwidth_Bps=1e9)
-    return Topology(name="toy-sunway", device=Device(name="toy core group",
-                                                     peak_flops={"float64": 1e9},
-                                                     memory_bytes=2**30,
-                                                     memory_bandwidth_Bps=1e9),
-                    ranks_per_node=2, intra_node=link, inter_node=link, nodes_per_group=2,
-                    oversubscription=16 / 3, group_label="supernode")
-
-
 def equality_result(runs: Sequence[EqualityRun], config: EqualityConfig,
                     tolerance: float = EQUALITY_TOLERANCE) -> Result:
     rows: list[list[Any]] = [[r.world_size, r.expert_parallel_size,
@@ -376,7 +364,8 @@ def eight_rank_runs(quick: bool) -> dict[str, Any]:
     a2a = alltoall_config(quick)
     validation = ValidationConfig()
     results = run_distributed(_eight_rank_body, A2A_WORLD, EqualityConfig(), sizes,
-                              toy_sunway_topology(), a2a, validation, timeout_s=600)
+                              emulated_supernode_topology(), a2a, validation,
+                              timeout_s=600)
     steps = collect_steps(validation, [r["validation"] for r in results])
     return {"equality": [r["equality"] for r in results],
             "alltoall": summarize_sweep([r["alltoall"] for r in results], a2a),

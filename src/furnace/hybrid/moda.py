@@ -33,8 +33,9 @@ The gate's auxiliary balance loss is a per-rank quantity (as in FastMoE and GSha
 ``balance_loss_weight > 0`` the data-parallel loss is the average of per-shard balance
 losses, which equals a full-batch one only for per-shard references.
 
-`train_moda` is the thin trainer: `furnace.runtime.training.train_loop` with
-``after_backward`` = `MoDa.reduce_gradients` and a global-norm `MoDa.clip_gradients`.
+`train_moda` is the trainer: `furnace.runtime.training.train_loop` with
+``after_backward`` = `MoDa.reduce_gradients` and a global-norm `MoDa.clip_gradients`,
+optionally under a mixed-precision policy and with a sharded checkpoint store.
 
 What follows the paper: MoDa's split of parameters into expert-parallel and data-parallel
 ones. What is reconstruction: the tagging, the reduction order (one flat buffer per kind,
@@ -45,18 +46,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 from torch import nn
 
 from furnace.moe import ExpertParallelConfig, MoELayer, expert_parallel
 from furnace.runtime.comm import Communicator
-from furnace.runtime.training import TrainHooks, TrainLoopConfig, TrainResult, train_loop
+from furnace.runtime.training import (
+    CheckpointFormat,
+    CheckpointStore,
+    TrainHooks,
+    TrainLoopConfig,
+    TrainResult,
+    train_loop,
+)
 
 from .layout import MoDaGroups
+from .precision import MixedPrecision
 
-__all__ = ["MoDa", "ParamKind", "moda_parallel", "train_moda"]
+__all__ = ["GradientHook", "MoDa", "ParamKind", "moda_parallel", "train_moda"]
 
 ParamKind = Literal["dense", "gate", "expert"]
 PARAM_KINDS: tuple[ParamKind, ...] = ("dense", "gate", "expert")
@@ -182,6 +191,9 @@ def moda_parallel(model: nn.Module, groups: MoDaGroups,
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Result = TypeVar("Result", bound=TrainResult)
+# called after each backward, before the reduction, with the handle and the step (from 1
+# in this call): to inspect or perturb this rank's own gradients
+GradientHook = Callable[[MoDa, int], None]
 
 
 def train_moda(config: TrainLoopConfig, groups: MoDaGroups, *,
@@ -189,26 +201,47 @@ def train_moda(config: TrainLoopConfig, groups: MoDaGroups, *,
                global_batches: Callable[[torch.Generator], Iterator[Batch]],
                loss: Callable[[nn.Module, Batch], torch.Tensor], result: Result,
                expert_config: ExpertParallelConfig | None = None,
-               progress: Callable[[int, dict[str, float]], None] | None = None) -> Result:
-    """`furnace.runtime.training.train_loop` under MoDa: the thin trainer.
+               progress: Callable[[int, dict[str, float]], None] | None = None,
+               precision: MixedPrecision | None = None,
+               gradient_hook: GradientHook | None = None,
+               report_global_loss: bool = False,
+               checkpoint_store: Callable[[list[MoDa]], CheckpointStore] | None = None,
+               run_config: Any = None, checkpoint_format: CheckpointFormat | None = None,
+               resume: bool = False, overwrite: bool = False,
+               stop_at: int | None = None) -> Result:
+    """`furnace.runtime.training.train_loop` under MoDa: the trainer.
 
     Every rank runs the loop with the same config, so the same seed builds the same
     global model (then `moda_parallel` shards it) and draws the same global batches; each
     rank trains on its equal, contiguous shard of every batch (rows ``[r*b, (r+1)*b)``,
     ``b = B / W``). The loop's hooks reduce the gradients (`MoDa.reduce_gradients`) and clip
     them by the global norm (`MoDa.clip_gradients`), so the run equals `train_loop` on the
-    global batches in one process. ``result.losses`` are this rank's shard losses.
-    Checkpoints are refused: each rank holds a different expert shard, which the loop's
-    single-file checkpoint cannot hold (sharded checkpoints are DCP's job).
+    global batches in one process.
+
+    Args:
+        precision: a `MixedPrecision` policy applied to the model, its loss and its hooks
+            (unscaling after the reduction, before the clip; with a loss scaler whose
+            overflow flag is world-wide, every rank skips the same steps).
+        gradient_hook: see `GradientHook`.
+        report_global_loss: record the global-batch mean loss (one scalar all-reduce per
+            step; the gradient stays the shard's own) instead of this rank's shard loss,
+            so every rank records the same curve and stops together on a non-finite loss.
+        checkpoint_store: builds the loop's `CheckpointStore` from the list that will hold
+            the `MoDa` handle once the model exists (the loop's single-file checkpoint
+            cannot hold per-rank expert shards, so a checkpoint needs one).
+        run_config, checkpoint_format, resume, overwrite, stop_at: as `train_loop`'s.
     """
-    if config.checkpoint is not None:
+    if config.checkpoint is not None and checkpoint_store is None:
         raise ValueError("train_moda does not write the loop's single-file checkpoints: "
-                         "checkpoint must be None (expert shards differ per rank)")
+                         "pass a checkpoint_store (expert shards differ per rank)")
     W, r = groups.world.world_size, groups.rank
     handle: list[MoDa] = []
+    step = [0]
 
     def build() -> nn.Module:
         moda = moda_parallel(build_model(), groups, expert_config)
+        if precision is not None:
+            precision.apply(moda.model)
         handle.append(moda)
         return moda.model
 
@@ -218,12 +251,32 @@ def train_moda(config: TrainLoopConfig, groups: MoDaGroups, *,
             raise ValueError(f"a global batch of {x.shape[0]} rows does not split into "
                              f"{W} equal shards")
         b = x.shape[0] // W
-        return loss(model, (x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]))
+        local = loss(model, (x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]))
+        step[0] += 1
+        if not report_global_loss or W == 1:
+            return local
+        # float64 so the sum over ranks does not round
+        total = groups.world.all_reduce(local.detach().double().reshape(1).clone())
+        global_mean = (total[0] / W).to(local.dtype)
+        return local + (global_mean - local.detach())
 
-    hooks = TrainHooks(after_backward=lambda model: handle[-1].reduce_gradients(),
+    def after_backward(model: nn.Module) -> None:
+        if gradient_hook is not None:
+            gradient_hook(handle[-1], step[0])
+        handle[-1].reduce_gradients()
+
+    hooks = TrainHooks(after_backward=after_backward,
                        clip_gradients=lambda model, norm: _clip(handle[-1], norm))
-    return train_loop(config, build_model=build, batches=global_batches, loss=shard_loss,
-                      result=result, hooks=hooks, progress=progress)
+    loop_loss: Callable[[nn.Module, Batch], torch.Tensor] = shard_loss
+    if precision is not None:
+        hooks = precision.hooks(hooks)
+        loop_loss = precision.wrap_loss(shard_loss)
+    return train_loop(config, build_model=build, batches=global_batches, loss=loop_loss,
+                      result=result, hooks=hooks, progress=progress, run_config=run_config,
+                      checkpoint_format=checkpoint_format, resume=resume, overwrite=overwrite,
+                      stop_at=stop_at,
+                      checkpoint_store=(checkpoint_store(handle) if checkpoint_store
+                                        is not None else None))
 
 
 def _clip(moda: MoDa, max_norm: float) -> None:

@@ -2,8 +2,8 @@
 PPoPP'22; issue 13, item 7) on local gloo ranks or under torchrun, with a progress bar,
 sharded checkpoints that resume under another layout, and bf16 or fp16 mixed precision.
 
-One run is `furnace.runtime.training.train_loop` on every rank (the loop `train_moda`
-uses), with the same config, so the same seed builds the same global model and draws the
+One run is `furnace.hybrid.moda.train_moda` (the runtime's `train_loop` under MoDa) on
+every rank, with the same config, so the same seed builds the same global model and draws the
 same global batches of the byte corpus (`furnace.runtime.corpus`); `moda_parallel` shards
 its experts and rank r trains on rows ``[r*b, (r+1)*b)`` of every global batch of
 ``B = W*b`` sequences. The recorded loss of a step is the **global-batch** mean (one scalar
@@ -53,16 +53,15 @@ from furnace.runtime.topology import Topology
 from furnace.runtime.training import (
     RECORD_KEYS,
     CheckpointFormat,
-    TrainHooks,
     TrainLoopConfig,
     TrainResult,
     check_checkpoint_state,
     prepare_checkpoint,
-    train_loop,
 )
 
+from .config import ConfigFieldError, require_positive_ints
 from .layout import MoDaGroups, MoDaLayout
-from .moda import MoDa, moda_parallel
+from .moda import GradientHook, MoDa, train_moda
 from .naive import lm_loss
 from .precision import LossScaleConfig, MixedPrecision, MixedPrecisionConfig
 
@@ -85,7 +84,6 @@ HALF_DTYPES: dict[str, Literal["bfloat16", "float16"]] = {"bf16": "bfloat16",
 # spawning more local gloo ranks than this is a typo, not a run
 MAX_LOCAL_RANKS = 64
 Batch = tuple[torch.Tensor, torch.Tensor]
-GradientHook = Callable[[MoDa, int], None]
 
 # the layout may change on resume (DCP reshards); where checkpoints go and the resume
 # switches are not part of the run either
@@ -99,14 +97,8 @@ CHECKPOINT_FORMAT = CheckpointFormat(
     steps_rule="steps may grow on resume but not shrink")
 
 
-class HybridTrainConfigError(ValueError):
-    """A config field has a value the run cannot use; ``field`` names it, ``allowed`` says
-    what is allowed (with the value given)."""
-
-    def __init__(self, field_name: str, allowed: str) -> None:
-        self.field = field_name
-        self.allowed = allowed
-        super().__init__(f"{field_name}: {allowed}")
+class HybridTrainConfigError(ConfigFieldError):
+    """A `HybridTrainConfig` field has a value the run cannot use."""
 
 
 def _help(text: str) -> dict[str, str]:
@@ -158,16 +150,15 @@ class HybridTrainConfig:
         "replace an existing --checkpoint with a new run"))
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "num_layers", "num_heads", "num_experts", "top_k",
-                     "d_hidden", "seq_len", "batch_size", "steps", "corpus_bytes"):
-            _positive_int(name, getattr(self, name))
-        _positive_int("world_size", self.world_size)
+        require_positive_ints(self, ("d_model", "num_layers", "num_heads", "num_experts",
+                                     "top_k", "d_hidden", "seq_len", "batch_size", "steps",
+                                     "corpus_bytes", "world_size"), HybridTrainConfigError)
         if self.world_size > MAX_LOCAL_RANKS:
             raise HybridTrainConfigError("world_size", f"must be at most {MAX_LOCAL_RANKS}, "
                                          f"got {self.world_size}")
-        for name in ("expert_parallel_size", "ranks_per_node", "nodes_per_supernode"):
-            if getattr(self, name) is not None:
-                _positive_int(name, getattr(self, name))
+        require_positive_ints(self, tuple(name for name in (
+            "expert_parallel_size", "ranks_per_node", "nodes_per_supernode")
+            if getattr(self, name) is not None), HybridTrainConfigError)
         if self.d_model % self.num_heads:
             raise HybridTrainConfigError("num_heads", f"must divide d_model={self.d_model}, "
                                          f"got {self.num_heads}")
@@ -270,11 +261,6 @@ class HybridTrainConfig:
         return MixedPrecision(MixedPrecisionConfig(dtype=HALF_DTYPES[self.precision],
                                                    loss_scale=loss_scale),
                               sync_found_inf=sync)
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise HybridTrainConfigError(name, f"must be a positive int, got {value!r}")
 
 
 @dataclass(kw_only=True)
@@ -401,54 +387,22 @@ def train_rank(config: HybridTrainConfig, *,
         stop_at: stop after this step (an interruption; the checkpoint is written there).
     """
     groups = MoDaGroups.create(config.layout())
-    W, r = groups.world.world_size, groups.rank
     policy = config.precision_policy(groups)
     scaler = policy.scaler if policy is not None else None
-    handle: list[MoDa] = []
-    step = [0]
     model_config = config.model_config()
-
-    def build() -> nn.Module:
-        moda = moda_parallel(MoETransformerLM(model_config), groups)
-        if policy is not None:
-            policy.apply(moda.model)
-        handle.append(moda)
-        return moda.model
-
-    def shard_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
-        x, y = batch
-        b = x.shape[0] // W
-        local = lm_loss(model, (x[r * b:(r + 1) * b], y[r * b:(r + 1) * b]))
-        step[0] += 1
-        if W == 1:
-            return local
-        # the value is the global-batch mean, the gradient the shard's own (see the module
-        # docstring); float64 so the sum over ranks does not round
-        total = groups.world.all_reduce(local.detach().double().reshape(1).clone())
-        global_mean = (total[0] / W).to(local.dtype)
-        return local + (global_mean - local.detach())
-
-    def after_backward(model: nn.Module) -> None:
-        if gradient_hook is not None:
-            gradient_hook(handle[-1], step[0])
-        handle[-1].reduce_gradients()
-
-    def clip(model: nn.Module, max_norm: float) -> None:
-        handle[-1].clip_gradients(max_norm)
-
-    hooks = TrainHooks(after_backward=after_backward, clip_gradients=clip)
-    loss: Callable[[nn.Module, Batch], torch.Tensor] = shard_loss
-    if policy is not None:
-        hooks = policy.hooks(hooks)
-        loss = policy.wrap_loss(shard_loss)
-    result = HybridTrainResult(rank=r, world_size=W, expert_parallel_size=groups.layout.
-                               expert_parallel_size, precision=config.precision,
-                               checkpoint=config.checkpoint)
-    store = ModaCheckpointStore(handle, scaler)
-    train_loop(config.loop_config(), build_model=build, batches=_global_batches(config),
-               loss=loss, result=result, hooks=hooks, progress=progress, run_config=config,
-               checkpoint_format=CHECKPOINT_FORMAT, resume=config.resume,
-               overwrite=config.overwrite, stop_at=stop_at, checkpoint_store=store)
+    result = HybridTrainResult(rank=groups.rank, world_size=groups.world.world_size,
+                               expert_parallel_size=groups.layout.expert_parallel_size,
+                               precision=config.precision, checkpoint=config.checkpoint)
+    # the recorded loss is the global-batch mean, the gradient the shard's own (see the
+    # module docstring)
+    train_moda(config.loop_config(), groups,
+               build_model=lambda: MoETransformerLM(model_config),
+               global_batches=_global_batches(config), loss=lm_loss, result=result,
+               progress=progress, precision=policy, gradient_hook=gradient_hook,
+               report_global_loss=True,
+               checkpoint_store=lambda handle: ModaCheckpointStore(handle, scaler),
+               run_config=config, checkpoint_format=CHECKPOINT_FORMAT, resume=config.resume,
+               overwrite=config.overwrite, stop_at=stop_at)
     if scaler is not None:
         # the scaler counts its own updates from 1; a resumed run's scaler was restored, so
         # its indices are the run's steps

@@ -412,13 +412,8 @@ class FileCheckpointStore:
 
     def write(self, path: Path, record: dict[str, Any], model: nn.Module,
               optimizer: torch.optim.Optimizer) -> None:
-        checkpoint = {}
-        for key, value in record.items():
-            checkpoint[key] = value
-            if key == "cycles":
-                # the file's layout since version 1: the tensors follow the cycles
-                checkpoint["model"] = model.state_dict()
-                checkpoint["optimizer"] = optimizer.state_dict()
+        checkpoint = {**record, "model": model.state_dict(),
+                      "optimizer": optimizer.state_dict()}
         atomic_save(path, lambda f: torch.save(checkpoint, f))
 
     def restore(self, path: Path, record: dict[str, Any], model: nn.Module,
