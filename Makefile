@@ -25,10 +25,12 @@ lint: install
 
 # The suite runs twice, with 2 and with 1 torch/OpenMP threads: kernels round differently
 # with the thread count (SDPA's backward, BLAS blocking), so a tolerance that only holds
-# at one count must fail here, not on a user's machine.
+# at one count must fail here, not on a user's machine. Tests marked thread_independent
+# (argument parsing, process launch, planners, simulators) compute nothing whose rounding
+# depends on threads, so the second pass skips them to keep CI inside its time limit.
 test: lint
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "not thread_independent"
 
 bench: install
 	$(BIN)/python benchmarks/run.py

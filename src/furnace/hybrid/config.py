@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from furnace.runtime.cliargs import ConfigFieldError, require_positive_ints
 from furnace.runtime.topology import Topology
 
 from .layout import MoDaLayout
@@ -27,27 +28,8 @@ __all__ = ["ConfigFieldError", "LayoutError", "MoEModelSpec", "PlanLayout", "par
 _SUFFIXES = {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12, "P": 1e15}
 
 
-class ConfigFieldError(ValueError):
-    """A config field has a value that cannot be used; ``field`` names it and ``allowed``
-    says what is allowed (with the value given), so a CLI can name its own flag."""
-
-    def __init__(self, field_name: str, allowed: str) -> None:
-        self.field = field_name
-        self.allowed = allowed
-        super().__init__(f"{field_name}: {allowed}")
-
-
 class LayoutError(ConfigFieldError):
     """An invalid spec or layout."""
-
-
-def require_positive_ints(config: object, names: tuple[str, ...],
-                          error: type[ConfigFieldError] = LayoutError) -> None:
-    """Each named field an integer >= 1 (a bool is not a count); ``error`` otherwise."""
-    for name in names:
-        value = getattr(config, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise error(name, f"must be an integer >= 1, got {value!r}")
 
 
 def parse_param_count(text: str) -> float:
@@ -88,7 +70,7 @@ class MoEModelSpec:
     def __post_init__(self) -> None:
         require_positive_ints(self, ("num_layers", "d_model", "d_hidden", "num_experts",
                                       "top_k", "num_heads", "seq_len", "vocab",
-                                      "tokens_per_step"))
+                                      "tokens_per_step"), LayoutError)
         if not isinstance(self.tied_embeddings, bool):
             raise LayoutError("tied_embeddings", f"must be a bool, got {self.tied_embeddings!r}")
         if self.top_k > self.num_experts:
@@ -188,7 +170,7 @@ class PlanLayout:
         "the backward pass (one extra forward)"})
 
     def __post_init__(self) -> None:
-        require_positive_ints(self, ("world_size", "ep_size"))
+        require_positive_ints(self, ("world_size", "ep_size"), LayoutError)
         if self.ep_size > self.world_size:
             raise LayoutError("ep_size", f"must be <= world_size ({self.world_size}), "
                               f"got {self.ep_size}")

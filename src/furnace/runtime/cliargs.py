@@ -34,6 +34,7 @@ from typing import Any, NoReturn, TypeVar
 from .atomic import OutputError, check_writable_dir, check_writable_file
 
 __all__ = [
+    "ConfigFieldError",
     "DefaultsFormatter",
     "add_config_arguments",
     "checkpoint_usage_error",
@@ -49,7 +50,27 @@ __all__ = [
     "positive_float",
     "positive_int",
     "require",
+    "require_positive_ints",
 ]
+
+
+class ConfigFieldError(ValueError):
+    """A config field has a value that cannot be used; ``field`` names it and ``allowed``
+    says what is allowed (with the value given), so a CLI can name its own flag."""
+
+    def __init__(self, field_name: str, allowed: str) -> None:
+        self.field = field_name
+        self.allowed = allowed
+        super().__init__(f"{field_name}: {allowed}")
+
+
+def require_positive_ints(config: object, names: tuple[str, ...],
+                          error: type[ConfigFieldError] = ConfigFieldError) -> None:
+    """Each named field an integer >= 1 (a bool is not a count); ``error`` otherwise."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise error(name, f"must be an integer >= 1, got {value!r}")
 
 
 class UsageError(Exception):
