@@ -17,17 +17,23 @@ Two paths compute a block:
   delta from its ``out`` argument and turns an lse of -inf into NaN, so rows with -inf go
   to the math path; its lse output carries no autograd gradient, so whenever autograd is
   recording, the math path runs instead (its lse is differentiable).
-- masked math everywhere else (partial blocks, CUDA, autograd): scores, -inf where the
-  mask forbids, logsumexp, exp(scores - lse). A fully masked row gives out 0 and lse -inf,
-  without a NaN in the values or in autograd's gradients. On CUDA the math path is used for
-  full blocks too: a fused CUDA kernel could not be tested on this project's machines, and
-  an untested fast path would be a result nobody vouches for.
+- on CUDA, outside autograd: FlexAttention (`flex_block_forward`, compiled), with a
+  BlockMask of the kernel's own token ids, on full and partial blocks alike; it returns the
+  lse (natural log) and gives out 0 and lse -inf on fully masked rows. The same function runs
+  eagerly on CPU in the tests, equal to the math path; no GPU was lent to this project's
+  sessions yet, so the compiled CUDA run itself is unverified here.
+- masked math everywhere else (partial blocks on CPU, the backward on CUDA, autograd):
+  scores, -inf where the mask forbids, logsumexp, exp(scores - lse). A fully masked row
+  gives out 0 and lse -inf, without a NaN in the values or in autograd's gradients.
 
 Grouped-query attention: query head h reads kv head h // (num_heads // num_kv_heads); kv is
 expanded with repeat_interleave and dk, dv are summed back over each group.
 """
 
 from __future__ import annotations
+
+import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,6 +47,7 @@ __all__ = [
     "block_backward",
     "block_forward",
     "empty_partial",
+    "flex_block_forward",
     "lse_dtype",
     "merge_partial",
 ]
@@ -100,12 +107,67 @@ def _scale_of(q: Tensor, scale: float | None) -> float:
     return q.shape[-1] ** -0.5 if scale is None else float(scale)
 
 
+def _recording(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 def _use_flash(full: bool, *tensors: Tensor) -> bool:
     # the fused kernel's lse has no autograd gradient, so a merged result differentiated
     # through it would be wrong: recording autograd means the math path
-    recording = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-    return (full and not recording and tensors[0].device.type == "cpu"
+    return (full and not _recording(*tensors) and tensors[0].device.type == "cpu"
             and tensors[0].dtype in _FLASH_DTYPES)
+
+
+_COMPILED_FLEX: list[Any] = []
+
+
+def flex_block_forward(q: Tensor, k: Tensor, v: Tensor, q_idx: Tensor, kv_idx: Tensor, *,
+                       mask_mod: MaskMod | None, full: bool, scale: float | None = None,
+                       compiled: bool = False) -> tuple[Tensor, Tensor]:
+    """`block_forward` by FlexAttention: (out, lse) of the queries ``q_idx`` over the keys
+    ``kv_idx``, the mask evaluated at those global ids through a BlockMask of the kernel's
+    own (Lq, Lk) grid. ``compiled`` runs `torch.compile(flex_attention)` (the CUDA path);
+    eager otherwise (what the CPU tests run)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    group = _check_inputs(q, k, v, q_idx, kv_idx)
+    s = _scale_of(q, scale)
+    if q.shape[2] == 0 or k.shape[2] == 0:
+        return empty_partial(q)
+    block_mask = None
+    if not full:
+        if mask_mod is None:
+            raise ValueError("a partial block needs its mask_mod")
+        rule = mask_mod
+        q_ids, kv_ids = q_idx.to(q.device), kv_idx.to(q.device)
+
+        def local(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+            return rule(b, h, q_ids[qi], kv_ids[ki])
+
+        block_mask = create_block_mask(local, q.shape[0], q.shape[1], q.shape[2], k.shape[2],
+                                       device=q.device)
+    kernel: Any = flex_attention
+    if compiled:
+        if not _COMPILED_FLEX:
+            _COMPILED_FLEX.append(torch.compile(flex_attention))
+        kernel = _COMPILED_FLEX[0]
+    try:
+        from torch.nn.attention.flex_attention import AuxRequest
+    except ImportError:  # torch < 2.9 has only return_lse
+        aux_request = None
+    else:
+        aux_request = AuxRequest(lse=True)
+    with warnings.catch_warnings():
+        # eager FlexAttention warns that it is unfused: it is the CPU reference of this path
+        warnings.simplefilter("ignore", UserWarning)
+        if aux_request is None:
+            out, lse = kernel(q, k, v, block_mask=block_mask, scale=s, enable_gqa=group > 1,
+                              return_lse=True)
+        else:
+            out, aux = kernel(q, k, v, block_mask=block_mask, scale=s, enable_gqa=group > 1,
+                              return_aux=aux_request)
+            lse = aux.lse
+    return out, lse.to(lse_dtype(q.dtype))
 
 
 def _scores(q: Tensor, k: Tensor, q_idx: Tensor, kv_idx: Tensor, mask_mod: MaskMod | None,
@@ -159,6 +221,9 @@ def block_forward(q: Tensor, k: Tensor, v: Tensor, q_idx: Tensor, kv_idx: Tensor
     s = _scale_of(q, scale)
     if q.shape[2] == 0 or k.shape[2] == 0:
         return empty_partial(q)
+    if q.is_cuda and not _recording(q, k, v):
+        return flex_block_forward(q, k, v, q_idx, kv_idx, mask_mod=mask_mod, full=full,
+                                  scale=s, compiled=True)
     if _use_flash(full, q, k, v):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q.contiguous(), _expand_kv(k, group).contiguous(),
