@@ -18,8 +18,9 @@ Experiments (issue 14, item 7; the quick set runs every entry at reduced size):
   the paired median ratio per sparse mask; every output checked against the dense
   reference and every logged byte against the plan. Emulated time.
 - ``simulator_validation``: the discrete-event simulator (`simulate`) against those
-  emulated runs at 2, 4 and 8 ranks (quick: 2 and 4): ratio per case and R^2. Only after
-  it holds does ``scaling`` extrapolate.
+  emulated runs at 2, 4 and 8 ranks on three masks (quick: 2 and 4 ranks, strided): the
+  ratio per run within 2x, and R^2 >= 0.8 on the full set. Only then does ``scaling``
+  extrapolate.
 - ``scaling``: ring, zigzag ring and the hierarchical tiling projected to 64-1024 H100s
   (quick: 64) on long sequences, simulated, next to the paper's 5.5x average over
   ring on irregular masks at 64 GPUs.
@@ -49,6 +50,9 @@ ONE_THIRD_MASKS = ("strided", "global_local", "document")
 QUICK_MEASURED_MASKS = ("strided", "document")
 MEASURED_BANDWIDTH_BPS = 100e6
 MEASURED_LATENCY_S = 1e-3
+VALIDATION_FACTOR = 2.0
+VALIDATION_R2 = 0.8
+VALIDATION_MIN_RUNS = 6
 CAUSAL_TARGET = 0.75
 SPARSE_TARGET = 1.0 / 3.0
 BALANCE_TARGET = 1.1
@@ -289,31 +293,49 @@ def measured(ctx: RunContext) -> Result:
         claims=claims)
 
 
-def simulator_validation(ctx: RunContext) -> Result:
+def _validation(ctx: RunContext) -> Any:
+    """The validation runs of this reproduce (shared: ``scaling`` checks them first)."""
     from .simulate import ValidationConfig, validate
 
     config = ValidationConfig.quick() if ctx.quick else ValidationConfig()
-    res = ctx.shared(("context_parallel", "validation", config),
-                     lambda: validate(config, progress=ctx.progress))
+    return ctx.shared(("context_parallel", "validation", config),
+                      lambda: validate(config, progress=ctx.progress))
+
+
+def simulator_validation(ctx: RunContext) -> Result:
+    res = _validation(ctx)
     rows = [[r.num_ranks, r.mask, r.scheme, r.plan_scheme, f"{r.measured_s * 1e3:.1f}",
              f"{r.simulated_s * 1e3:.1f}", f"{r.ratio:.3f}"] for r in res.rows]
     r2 = res.r_squared
-    worst = res.max_relative_error
+    ratios = [r.ratio for r in res.rows]
+    within = all(1.0 / VALIDATION_FACTOR <= x <= VALIDATION_FACTOR for x in ratios)
+    # R^2 over a handful of runs of one size says little: it is judged on the full set only
+    judged = len(rows) >= VALIDATION_MIN_RUNS
+    ours = (f"R^2 {r2:.3f} over {len(rows)} runs"
+            + ("" if judged else " (too few runs to judge R^2; the full set has 18)")
+            + f"; emulated/simulated {min(ratios):.2f}-{max(ratios):.2f}")
     return Result(tables=[Table(
         "Simulator vs emulated runs", ["ranks", "mask", "scheme", "plan", "emulated ms",
-                                       "simulated ms", "simulated/emulated"], rows,
+                                       "simulated ms", "emulated/simulated"], rows,
         "simulated", note="Emulated: measured wall time over netem links; simulated: "
         "`simulate.simulate_plan` with the CPU compute model fitted on this machine "
         f"({res.compute.describe()}).")],
-        claims=[Claim("simulator R^2 against measured runs", "0.9932 intra-node, 0.9181 "
-                      "inter-node (paper Fig. 11)", f"{r2:.3f}; worst relative error "
-                      f"{worst:.2f}", "simulated", PAPER, holds=r2 >= 0.8)],
+        claims=[Claim("simulator against emulated runs (the validation before projecting)",
+                      f"R^2 0.9932 intra-node, 0.9181 inter-node (paper Fig. 11); ours: every "
+                      f"run within {VALIDATION_FACTOR:g}x, R^2 >= {VALIDATION_R2} on the full "
+                      "set", ours, "simulated", PAPER,
+                      holds=within and (r2 >= VALIDATION_R2 or not judged))],
         data={"validation": res.to_dict()})
 
 
 def scaling(ctx: RunContext) -> Result:
     from .simulate import scaling_study, scaling_study_quick
 
+    ratios = [r.ratio for r in _validation(ctx).rows]
+    if not all(1.0 / VALIDATION_FACTOR <= x <= VALIDATION_FACTOR for x in ratios):
+        raise RuntimeError(f"the simulator is not within {VALIDATION_FACTOR:g}x of the emulated "
+                           f"runs (emulated/simulated {min(ratios):.2f}-{max(ratios):.2f}): "
+                           "no projection")
     # quick: 64 GPUs, where the paper quotes its average
     study = scaling_study_quick(rank_counts=(64,)) if ctx.quick else scaling_study()
     rows = [[r.mask, r.num_ranks, r.scheme, f"{r.ring_s * 1e3:.2f}",
