@@ -20,6 +20,10 @@ from furnace.hybrid.planner import (
 from furnace.runtime.cost import collective_time
 from furnace.runtime.topology import divisors as runtime_divisors
 
+# models, counts and virtual clocks: nothing here rounds differently with the thread
+# count, so `make test`'s 1-thread pass skips it
+pytestmark = pytest.mark.thread_independent
+
 TINY = MoEModelSpec(num_layers=2, d_model=8, d_hidden=16, num_experts=4, top_k=2,
                     num_heads=2, seq_len=4, vocab=10, tokens_per_step=24)
 

@@ -33,6 +33,10 @@ from furnace.hybrid.validation import (
     spec_for,
 )
 
+# models, counts and virtual clocks: nothing here rounds differently with the thread
+# count, so `make test`'s 1-thread pass skips it
+pytestmark = pytest.mark.thread_independent
+
 CONFIG = ValidationConfig(timeout_s=150.0)
 
 
