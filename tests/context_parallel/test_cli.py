@@ -73,9 +73,3 @@ def test_simulate_labels_its_figures_and_writes_a_trace(tmp_path, capsys):
     assert "simulated" in text and "ring" in text and "assumption" in text
     events = json.loads(trace.read_text())
     assert events["traceEvents"]
-
-
-def test_the_cli_offers_the_bench_schemes():
-    from furnace.context_parallel import bench, cli
-
-    assert cli.SCHEMES == bench.SCHEMES

@@ -28,18 +28,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from furnace.runtime.atomic import atomic_write_text
-from furnace.runtime.cliargs import UsageError, float_in, int_in, output_file, require
+from furnace.runtime.cliargs import (
+    ConfigFieldError,
+    UsageError,
+    float_in,
+    int_in,
+    output_file,
+    require,
+)
+
+# importing this module has imported the package (and torch) already: the names are shared
+from .bench import SCHEMES
+from .masks import MASK_NAMES
 
 if TYPE_CHECKING:
     from .masks import BlockGrid, MaskMod
     from .plan import AttentionShape
 
-MASK_CHOICES = ("causal", "full", "sliding_window", "strided", "global_local", "star",
-                "streaming", "document", "random")
 DTYPES = ("float32", "float64", "bfloat16", "float16")
-# "tiled" is the planner's choice (it may keep a baseline); "tiled_2d" the best 2-D tiling
-SCHEMES = ("ring", "zigzag_ring", "striped_ring", "allgather_kv", "needed_kv", "tiled",
-           "tiled_2d", "ulysses")
 # a plan's grid is evaluated exactly up to this many (q, kv) pairs; beyond it, sampled
 EXACT_GRID_ELEMENTS = 1 << 26
 MAX_PLAN_RANKS = 1024
@@ -109,7 +115,7 @@ def _add_problem_arguments(parser: argparse.ArgumentParser, *, ranks_hi: int, se
                            ranks: int, heads: int, kv_heads: int, head_dim: int,
                            dtype: str = "float32", num_blocks: int | None = 16) -> None:
     parser.add_argument("--mask", default="causal",
-                        help=f"one of {', '.join(MASK_CHOICES)}, or MODULE:FUNCTION or "
+                        help=f"one of {', '.join(MASK_NAMES)}, or MODULE:FUNCTION or "
                         "FILE.py:FUNCTION naming a mask_mod(b, h, q_idx, kv_idx) -> bool")
     parser.add_argument("--mask-param", action="append", default=[], metavar="KEY=VALUE",
                         help="a parameter of a built-in mask, e.g. window=512 (repeatable; "
@@ -166,7 +172,7 @@ def _load_mask_function(spec: str) -> Callable[..., Any]:
     where, _, name = spec.rpartition(":")
     allowed = "MODULE:FUNCTION or FILE.py:FUNCTION naming a mask_mod(b, h, q_idx, kv_idx)"
     require(bool(where) and bool(name), "--mask",
-            f"one of {', '.join(MASK_CHOICES)}, or {allowed}; got {spec!r}")
+            f"one of {', '.join(MASK_NAMES)}, or {allowed}; got {spec!r}")
     try:
         if where.endswith(".py"):
             path = Path(where)
@@ -194,7 +200,7 @@ def resolve_mask(args: argparse.Namespace) -> MaskMod:
     from .masks import check_mask_mod, make_mask
 
     params = _mask_params(args.mask_param)
-    if args.mask in MASK_CHOICES:
+    if args.mask in MASK_NAMES:
         try:
             return make_mask(args.mask, args.seq_len, **params)
         except MaskError as exc:
@@ -208,16 +214,13 @@ def resolve_mask(args: argparse.Namespace) -> MaskMod:
     return fn
 
 
-def _config_error(exc: Exception) -> UsageError:
-    field = getattr(exc, "field", None) or getattr(exc, "field_name", "")
-    allowed = getattr(exc, "allowed", str(exc))
-    return UsageError(_FLAG_OF_FIELD.get(str(field), f"--{str(field).replace('_', '-')}"),
-                      str(allowed))
+def _config_error(exc: ConfigFieldError) -> UsageError:
+    return UsageError(_FLAG_OF_FIELD.get(exc.field, f"--{exc.field.replace('_', '-')}"),
+                      exc.allowed)
 
 
 def resolve_problem(args: argparse.Namespace) -> tuple[BlockGrid, AttentionShape]:
     """The block grid and shape the arguments describe; every mistake as a UsageError."""
-    from .config import ConfigFieldError
     from .layout import make_layout
     from .masks import build_block_grid, sampled_block_grid
     from .plan import AttentionShape

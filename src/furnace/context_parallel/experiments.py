@@ -29,7 +29,6 @@ Experiments (issue 14, item 7; the quick set runs every entry at reduced size):
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -353,10 +352,6 @@ def scaling(ctx: RunContext) -> Result:
         claims=[Claim(f"mean speedup over ring on irregular masks at {first} GPUs",
                       "5.5x (paper, 64 GPUs)", f"{mean:.2f}x", "simulated", PAPER)],
         data={"scaling": study.to_dict()})
-
-
-def _names(experiments: Sequence[Experiment]) -> list[str]:
-    return [e.name for e in experiments]
 
 
 EXPERIMENTS = [
