@@ -4,15 +4,24 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench clean
+.PHONY: install install-recsys-baselines demo test lint bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The TorchRec baseline is installed too, so that CI and `make demo` run it; the package
+# works without it (its benchmark and tests then say it is skipped and why).
+$(STAMP): pyproject.toml requirements/recsys-baselines.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[all,test]"
+	$(MAKE) install-recsys-baselines
 	touch $(STAMP)
+
+# --no-deps: torchrec's wheel declares the CUDA fbgemm-gpu (requirements/recsys-baselines.txt)
+install-recsys-baselines:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e ".[recsys-baselines]"
+	$(BIN)/python -m pip install --quiet --no-deps -r requirements/recsys-baselines.txt
 
 demo: install
 	$(BIN)/furnace reproduce --quick --out results
