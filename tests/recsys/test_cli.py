@@ -15,6 +15,9 @@ from furnace.recsys.data import write_criteo_tsv
 from furnace.recsys.train import RecsysTrainConfig, train_recsys
 from furnace.runtime.testing import TORCHRUN_ENTRY, run_torchrun, torchrun_outcomes
 
+# the CLI's flow and outputs, not numerics: the 2-thread pass covers them once
+pytestmark = pytest.mark.thread_independent
+
 TINY = ["--steps", "4", "--batch-size", "64", "--profile-batches", "2", "--eval-batches",
         "2", "--embedding-dim", "8"]
 

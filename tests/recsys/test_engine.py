@@ -89,6 +89,8 @@ def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
     return out
 
 
+# every worker pins one torch thread (`_worker`), so the caller's thread count changes nothing
+@pytest.mark.thread_independent
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_every_scheme_equals_the_reference_and_logs_the_counted_bytes(world_size):
