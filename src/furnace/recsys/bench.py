@@ -285,12 +285,11 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> dict[str, Any]:
 
     from .data import SyntheticClickLog
     from .engine import ShardedTrainer, needs_touched_counts
-    from .model import DLRM
+    from .model import dense_parameter_count
     from .torchrec_baseline import TorchRecTrainer, available
 
     data, model, optim = config.data(), config.model(), config.optim()
-    dense_params = sum(p.numel() for p in DLRM(model, data.num_dense, data.num_tables)
-                       .parameters())
+    dense_params = dense_parameter_count(model, data.num_dense, data.num_tables)
     plans, reason = _plans(config, data, model, dense_params, needs_touched_counts(optim))
     batches = list(SyntheticClickLog(data).batches(config.batch_size, config.total_steps))
 

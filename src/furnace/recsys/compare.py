@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .config import SCHEMES, DataConfig, ModelConfig, PlanError, scaled_table_rows
+from .model import dense_parameter_count
 
 __all__ = ["PlanProblem", "PlanReport", "SchemeModel", "plan_problem", "plan_report"]
 
@@ -43,12 +44,6 @@ class PlanProblem:
     @property
     def embedding_dim(self) -> int:
         return self.model.embedding_dim
-
-
-def dense_parameter_count(model: ModelConfig, num_dense: int, num_tables: int) -> int:
-    from .model import DLRM
-
-    return sum(p.numel() for p in DLRM(model, num_dense, num_tables).parameters())
 
 
 def plan_problem(*, world_size: int, ranks_per_node: int, preset: str = "h100-ib",

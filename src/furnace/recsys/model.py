@@ -26,8 +26,8 @@ from torch import nn
 from .batch import Batch
 from .config import ModelConfig
 
-__all__ = ["DLRM", "bce_loss", "dense_flops", "init_embeddings", "init_parameters", "pool",
-           "pool_batch"]
+__all__ = ["DLRM", "bce_loss", "dense_flops", "dense_parameter_count", "init_embeddings",
+           "init_parameters", "pool", "pool_batch"]
 
 
 def _mlp(in_features: int, widths: Sequence[int], *, relu_last: bool) -> nn.Sequential:
@@ -188,6 +188,11 @@ def dense_flops(config: ModelConfig, num_dense: int, num_tables: int,
         per_sample += 2.0 * fan_in * width
         fan_in = width
     return per_sample * batch_size
+
+
+def dense_parameter_count(config: ModelConfig, num_dense: int, num_tables: int) -> int:
+    """Parameters of the dense part: what the dense all-reduce carries per step."""
+    return sum(p.numel() for p in DLRM(config, num_dense, num_tables).parameters())
 
 
 def bce_loss(logits: torch.Tensor, labels: torch.Tensor, *,
