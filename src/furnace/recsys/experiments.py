@@ -55,8 +55,8 @@ def _bench_config(ctx: RunContext, zipf: float, **over: Any) -> Any:
 def _hybrid_hot_rows(ctx: RunContext, zipf: float, world: int, batch: int) -> tuple[int, ...]:
     """The planner's hot set for the ``measured`` setting (as `bench` plans it)."""
     from .bench import _plans
-    from .compare import dense_parameter_count
     from .engine import needs_touched_counts
+    from .model import dense_parameter_count
 
     config = _bench_config(ctx, zipf, world_size=world, batch_size=batch)
     data, model = config.data(), config.model()
@@ -78,8 +78,8 @@ def _loss_gap(result: Any, names: Any = None) -> float:
 
 def traffic(ctx: RunContext) -> Result:
     from .accounting import exact_bytes
-    from .compare import dense_parameter_count
     from .data import SyntheticClickLog
+    from .model import dense_parameter_count
     from .perfmodel import expected_phase_bytes
     from .plan import make_plan
     from .train import RecsysTrainConfig
@@ -244,8 +244,8 @@ def _measured_table(title: str, result: Any, kind: str, note: str) -> Table:
 def _validate_bytes(config: Any, result: Any) -> tuple[list[Table], Claim]:
     """The performance model's expected bytes against the CommLog of the measured run, for
     every scheme without replication (their plans do not depend on the profile)."""
-    from .compare import dense_parameter_count
     from .data import SyntheticClickLog
+    from .model import dense_parameter_count
     from .perfmodel import expected_phase_bytes
     from .plan import make_plan
     from .simulate import bytes_validation_table, validate_bytes

@@ -214,8 +214,8 @@ def _plan(config: RecsysTrainConfig, data: DataConfig, train: list[Batch]) -> tu
     base = make_plan(config.scheme, table_rows=data.table_rows, world_size=config.world_size)
     if config.scheme != "hybrid":
         return base, "baseline scheme: no replication"
-    from .compare import dense_parameter_count
     from .engine import needs_touched_counts
+    from .model import dense_parameter_count
 
     counts = access_counts(train[:config.profile_batches], data.table_rows)
     topology = get_preset(config.preset, gpus_per_node=config.ranks_per_node)
