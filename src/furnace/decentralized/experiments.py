@@ -1,0 +1,535 @@
+"""`furnace reproduce decentralized`: Prague's headline claims (Luo et al., ASPLOS '20:
+1.2x over All-Reduce and 3.7x over AD-PSGD with equal workers, 4.4x over All-Reduce with
+slow ones) checked side by side on local gloo ranks, plus the deadlock of naive AD-PSGD,
+P-Reduce micro-benchmarks, the mixing-rate theory and the simulated scaling (design note
+`prague.md` section 7.4, E1-E7).
+
+Measured runs sleep for the accelerator's compute (emulated compute) and, where said,
+for an emulated link, so every time from them is labelled emulated.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from furnace.runtime.reproduce import Claim, Experiment, Result, RunContext, Table
+
+from .config import HeteroConfig, PolicyConfig, RunConfig
+from .train import RunResult, write_trace
+
+PAPER = "Luo et al., ASPLOS '20 (abstract)"
+WORLD = 4
+COMPUTE_MS = 20.0
+# the bandwidth-bound regime: every rank's link emulated at 10 MB/s, so a 153 KB model
+# takes 15 ms per full copy, comparable to the 20 ms of emulated compute (note 6.2: with
+# loopback alone the model is latency-bound and the comparison says nothing about Prague)
+LINK_BPS = 10e6
+SLOW_RANK, SLOW_FACTOR = 0, 4.0
+TARGETS = (0.95, 0.97)
+# learning rates: the decentralized workers keep 32 samples per step; All-Reduce averages
+# 4 x 32, and takes twice the rate (a sweep of 0.05-0.4 put 0.4 in divergence and 0.2
+# fastest; section 8 of the note: tune per method)
+LR_LOCAL, LR_ALLREDUCE = 0.1, 0.2
+# seeds per comparison (the quick set repeats only the closest one, see _mode_configs)
+REPEATS = 3
+
+
+def _base(ctx: RunContext, **over: Any) -> RunConfig:
+    links = tuple((r, LINK_BPS) for r in range(WORLD))
+    cfg = RunConfig(world_size=WORLD, compute_ms=COMPUTE_MS, lr=LR_LOCAL, backend="cached",
+                    hetero=HeteroConfig(slow_links=links), timeout_s=20.0,
+                    snapshot_every_s=0.05, duration_s=2.6)
+    return replace(cfg, **over)
+
+
+def _slowed(cfg: RunConfig) -> RunConfig:
+    return replace(cfg, hetero=replace(cfg.hetero, slow=((SLOW_RANK, SLOW_FACTOR),)))
+
+
+AR_STEP_TIME = "All-Reduce (DDP), slow, step time"
+
+
+def _mode_configs(ctx: RunContext, seed: int) -> dict[str, RunConfig]:
+    """The runs of one repeat (seed), named for the tables. The quick set repeats only
+    the closest comparison (Prague static against AD-PSGD, equal workers) three times."""
+    configs: dict[str, RunConfig] = {
+        "Prague static": _base(ctx, mode="prague", policy=PolicyConfig("static",
+                                                                       grid_rows=2),
+                               backend="precreated", seed=seed),
+        "AD-PSGD (bipartite)": _base(ctx, mode="adpsgd", backend="p2p", seed=seed)}
+    if ctx.quick and seed > 0:
+        return configs
+    window = _base(ctx, mode="prague", policy=PolicyConfig("ready_window", group_size=3,
+                                                           window_ms=3.0, seed=seed),
+                   seed=seed)
+    configs = {"All-Reduce (DDP)": _base(ctx, mode="allreduce", lr=LR_ALLREDUCE,
+                                         stop_at_accuracy=max(TARGETS), duration_s=6.0,
+                                         seed=seed),
+               **configs, "Prague ready-window": window,
+               # the active side blocking on each exchange, as a foreground gossip does:
+               # what the overlapped AD-PSGD above gains by its communication thread
+               "AD-PSGD (bipartite, blocking)": _base(ctx, mode="adpsgd", backend="p2p",
+                                                      overlap=False, seed=seed)}
+    if not ctx.quick:
+        configs["D-PSGD ring"] = _base(ctx, mode="dpsgd", seed=seed)
+        configs["local SGD (H=8)"] = _base(ctx, mode="localsgd", seed=seed)
+        configs["Prague random g=3"] = _base(ctx, mode="prague",
+                                             policy=PolicyConfig("random", seed=seed),
+                                             seed=seed)
+    slow = {f"{name}, slow": replace(_slowed(c), duration_s=3.0)
+            for name, c in configs.items()
+            if not name.startswith("All-Reduce") and "blocking" not in name
+            and (not ctx.quick or name != "Prague static")}
+    # synchronous All-Reduce computes the same models step by step whatever the speeds,
+    # so its time to target with a slow worker is its equal-worker time scaled by the
+    # ratio of step times: a short run measures the slow step time. The full set also
+    # runs it to the target, which checks that derivation.
+    slow[AR_STEP_TIME] = replace(_slowed(configs["All-Reduce (DDP)"]),
+                                 stop_at_accuracy=None, duration_s=1.5)
+    if not ctx.quick:
+        slow["All-Reduce (DDP), slow"] = replace(_slowed(configs["All-Reduce (DDP)"]),
+                                                 stop_at_accuracy=min(TARGETS),
+                                                 duration_s=12.0)
+    if ctx.quick:
+        del configs["Prague ready-window"]
+    return {**configs, **slow}
+
+
+def _step_time(results: Sequence[RunResult]) -> float:
+    """Seconds per synchronous step (All-Reduce: every rank makes the same steps)."""
+    return statistics.median(r.wall_s / max(r.stats[0].steps, 1) for r in results)
+
+
+def _ar_slow_time(runs: dict[str, list[RunResult]], target: float) -> tuple[float | None,
+                                                                              str]:
+    """All-Reduce's time to ``target`` with the slow worker: derived from the equal-worker
+    runs and the slow step time (and measured directly in the full set)."""
+    homog = _median_time(runs["All-Reduce (DDP)"], target)
+    derived = None if homog is None else homog * _step_time(runs[AR_STEP_TIME]) / _step_time(
+        runs["All-Reduce (DDP)"])
+    direct = runs.get("All-Reduce (DDP), slow")
+    if direct is not None:
+        measured = _median_time(direct, target)
+        return measured, (f"measured {_fmt(measured, direct[0].config.duration_s)} s, "
+                          f"derived {_fmt(derived, 0.0)} s")
+    return derived, f"derived {_fmt(derived, 0.0)} s (equal-worker time x step-time ratio)"
+
+
+def _deadlock_configs(ctx: RunContext) -> dict[str, RunConfig]:
+    # tiny compute: exchanges are frequent, so two workers often pick each other
+    fast = dict(compute_ms=1.0, duration_s=1.0, hetero=HeteroConfig(), lr=LR_LOCAL)
+    return {"naive AD-PSGD (all active)": _base(ctx, mode="adpsgd_naive", backend="p2p",
+                                                **fast),
+            "AD-PSGD (bipartite)": _base(ctx, mode="adpsgd", backend="p2p", **fast),
+            "Prague random g=3 (global order)": _base(
+                ctx, mode="prague", policy=PolicyConfig("random"), **fast)}
+
+
+def _mixing_configs(ctx: RunContext) -> dict[str, RunConfig]:
+    # no gradient (lr 0), spread-out starts, blocking groups: the consensus distance then
+    # only shrinks by mixing, once per step
+    pure = dict(lr=0.0, momentum=0.0, init_spread=1.0, overlap=False, compute_ms=5.0,
+                max_steps=3, duration_s=60.0, hetero=HeteroConfig())
+    return {"buffered g=2": _base(ctx, mode="prague",
+                                  policy=PolicyConfig("buffered", group_size=2), **pure),
+            "static 2x2 grid": _base(ctx, mode="prague", backend="precreated",
+                                     policy=PolicyConfig("static", grid_rows=2), **pure)}
+
+
+def _body(rank: int, world_size: int, configs: list[RunConfig], sizes: tuple[int, ...],
+          repeats: int) -> tuple[Any, list[Any]]:
+    """One rank of the whole measured set: the micro-benchmarks, then every run (one
+    spawn for all, since starting four ranks costs seconds each time)."""
+    from .bench import _bench_rank
+    from .worker import run_worker
+
+    micro = _bench_rank(rank, world_size, sizes, repeats)
+    return micro, [run_worker(rank, world_size, c) for c in configs]
+
+
+def _measured(ctx: RunContext) -> tuple[Any, dict[str, list[RunResult]]]:
+    """The micro-benchmarks and every measured run of the set, on one spawn of WORLD
+    ranks."""
+    def build() -> tuple[Any, dict[str, list[RunResult]]]:
+        from furnace.runtime.launch import run_distributed
+
+        from .train import _merge
+
+        named: list[tuple[str, RunConfig]] = []
+        for seed in range(REPEATS):
+            named += list(_mode_configs(ctx, seed).items())
+        named += [(f"deadlock: {k}", c) for k, c in _deadlock_configs(ctx).items()]
+        named += [(f"mixing: {k}", c) for k, c in _mixing_configs(ctx).items()]
+        configs = [c for _, c in named]
+        ctx.progress(f"micro-benchmarks and {len(named)} runs on {WORLD} ranks")
+        budget = 120 + sum(2 * c.duration_s + 10 for c in configs if c.max_steps > 100)
+        per_rank = run_distributed(_body, WORLD, configs, (38_282, 1_126_410),
+                                   3 if ctx.quick else 10, timeout_s=budget,
+                                   collective_timeout_s=120)
+        out: dict[str, list[RunResult]] = {}
+        for k, (name, config) in enumerate(named):
+            out.setdefault(name, []).append(
+                _merge(config, [per_rank[r][1][k] for r in range(WORLD)]))
+        return per_rank[0][0], out
+    return ctx.shared(("decentralized", "measured", ctx.quick), build)
+
+
+def _all_runs(ctx: RunContext) -> dict[str, list[RunResult]]:
+    return _measured(ctx)[1]
+
+
+def _median_time(results: Sequence[RunResult], target: float) -> float | None:
+    times = [r.time_to(target) for r in results]
+    if any(t is None for t in times):
+        return None
+    return statistics.median(t for t in times if t is not None)
+
+
+def _fmt(t: float | None, cap: float) -> str:
+    return f"{t:.2f}" if t is not None else f"> {cap:.1f}"
+
+
+def _speedup(base: float | None, base_cap: float, ours: float | None) -> tuple[float | None,
+                                                                             str]:
+    """base / ours; a baseline that never reached the target gives a lower bound."""
+    if ours is None:
+        return None, "not reached"
+    if base is None:
+        return base_cap / ours, f">= {base_cap / ours:.2f}x"
+    return base / ours, f"{base / ours:.2f}x"
+
+
+def _curve_figure(ctx: RunContext, runs: dict[str, list[RunResult]], names: Sequence[str],
+                  title: str, fname: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for name in names:
+        first = runs[name][0]
+        ax.plot([t for t, _, _ in first.curve], [a for _, a, _ in first.curve], label=name)
+    for target in TARGETS:
+        ax.axhline(target, color="grey", lw=0.6, ls=":")
+    ax.set_xlabel("wall time, s (emulated compute and link)")
+    ax.set_ylabel("held-out accuracy of the average model")
+    ax.set_ylim(0.5, 1.0)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    return ctx.save_figure(fig, fname)
+
+
+def time_to_accuracy(ctx: RunContext) -> Result:
+    runs = _all_runs(ctx)
+    homog = [n for n in runs if not n.endswith(", slow") and ":" not in n]
+    slow = [n for n in runs if n.endswith(", slow") or n == AR_STEP_TIME]
+    tables, claims, figures = [], [], []
+    for names, label in ((homog, "equal workers"),
+                         (slow, f"rank {SLOW_RANK} {SLOW_FACTOR:g}x slow")):
+        rows = []
+        for name in names:
+            rs = runs[name]
+            cap = rs[0].config.duration_s
+            times = [_fmt(_median_time(rs, t), cap) for t in TARGETS]
+            if name == AR_STEP_TIME:
+                times = [_ar_slow_time(runs, t)[1] for t in TARGETS]
+            rows.append([name, len(rs), *times,
+                         f"{statistics.median(r.throughput for r in rs):.1f}",
+                         str([s.steps for s in rs[0].stats]),
+                         f"{statistics.median(r.final_accuracy for r in rs):.3f}",
+                         f"{statistics.median(r.breakdown()['sync_wait_s'] for r in rs):.2f}",
+                         sum(r.timeouts for r in rs), sum(r.pending_groups for r in rs)])
+        tables.append(Table(
+            f"Time to held-out accuracy, {WORLD} gloo ranks, {label}: digits CNN (38k "
+            f"parameters), {COMPUTE_MS:g} ms emulated compute per step, every link emulated "
+            f"at {LINK_BPS / 1e6:g} MB/s (medians over the repeats)",
+            ["mode", "repeats", *(f"s to {t:.0%}" for t in TARGETS),
+             "steps/s (all workers)", "steps per worker (first)", "final accuracy",
+             "compute-thread sync wait s/worker", "timeouts", "pending groups"], rows,
+            "emulated", note="Times are wall seconds of runs whose compute and links are "
+            "emulated by sleeping; accuracy is that of the average of the workers' models "
+            "on the 297 held-out digits, snapshotted every 50 ms. All-Reduce stops "
+            "collectively once its model reaches the target; '> x' means not reached "
+            "within the run's x seconds. The step-time row runs All-Reduce briefly with the "
+            "slow worker: being synchronous, its models step by step are those of the "
+            "equal-worker run, so its time to a target is that run's time times the ratio "
+            "of step times (derived)."))
+        figures.append(_curve_figure(ctx, runs, names, f"{WORLD} ranks, {label}",
+                                     "decentralized_accuracy_"
+                                     + ("equal" if label == "equal workers" else "slow")))
+    target = min(TARGETS)
+    rw_slow = runs["Prague ready-window, slow"]
+    ar_time, how = _ar_slow_time(runs, target)
+    ratio, text = _speedup(ar_time, 0.0, _median_time(rw_slow, target))
+    claims.append(Claim(f"one worker {SLOW_FACTOR:g}x slow: Prague (ready-window) vs "
+                        f"All-Reduce, time to {target:.0%}", "4.4x (heterogeneous)",
+                        f"{text}; All-Reduce {how} (target of the issue: >= 2x)",
+                        "emulated", PAPER, ratio is not None and ratio >= 2.0))
+    ar = runs["All-Reduce (DDP)"]
+    static = runs["Prague static"]
+    ad = runs["AD-PSGD (bipartite)"]
+    for t in TARGETS:
+        r_ar, text_ar = _speedup(_median_time(ar, t), ar[0].config.duration_s,
+                                 _median_time(static, t))
+        claims.append(Claim(f"equal workers: Prague (static) vs All-Reduce, time to {t:.0%}",
+                            "1.2x", f"{text_ar} (target: >= 0.91x, within 10%)",
+                            "emulated", PAPER, r_ar is not None and r_ar >= 1 / 1.1))
+        r_ad, text_ad = _speedup(_median_time(ad, t), ad[0].config.duration_s,
+                                 _median_time(static, t))
+        claims.append(Claim(f"equal workers: Prague (static) vs AD-PSGD, time to {t:.0%}",
+                            "3.7x", f"{text_ad} (target: > 1x)", "emulated", PAPER,
+                            r_ad is not None and r_ad > 1.0))
+    thr = statistics.median(r.throughput for r in static) / statistics.median(
+        r.throughput for r in ad)
+    claims.append(Claim("equal workers: Prague (static) vs AD-PSGD, throughput", "-",
+                        f"{thr:.2f}x steps/s", "emulated", PAPER, None))
+    trace = write_trace(rw_slow[0], ctx.out_dir / "decentralized_trace_prague_slow.json")
+    trace_ar = write_trace(runs[AR_STEP_TIME][0],
+                           ctx.out_dir / "decentralized_trace_allreduce_slow.json")
+    notes = [f"Perfetto traces of who waited for whom (real runs, slow worker): "
+             f"{trace.name}, {trace_ar.name} (open in https://ui.perfetto.dev)."]
+    return Result(tables=tables, figures=figures, claims=claims, notes=notes)
+
+
+def deadlock(ctx: RunContext) -> Result:
+    runs = _all_runs(ctx)
+    rows, claims = [], []
+    by: dict[str, RunResult] = {}
+    for name in runs:
+        if not name.startswith("deadlock: "):
+            continue
+        r = runs[name][0]
+        label = name.removeprefix("deadlock: ")
+        by[label] = r
+        syncs = sum(s.exchanges for s in r.stats) or len(r.groups)
+        attempts = syncs + r.timeouts
+        rows.append([label, attempts, r.timeouts,
+                     f"{1000 * r.timeouts / max(attempts, 1):.1f}", r.pending_groups,
+                     f"{r.final_accuracy:.3f}"])
+    naive = by["naive AD-PSGD (all active)"]
+    others = [v for k, v in by.items() if k != "naive AD-PSGD (all active)"]
+    claims.append(Claim("naive all-active AD-PSGD deadlocks (cyclic waits, broken by "
+                        "timeouts); the bipartite fix and Prague's global order never do",
+                        "AD-PSGD needs the bipartite graph (Lian et al.); Prague's generator "
+                        "is deadlock-free", f"timeouts: naive {naive.timeouts}, others "
+                        f"{[o.timeouts for o in others]}", "emulated", PAPER,
+                        naive.timeouts > 0 and all(o.timeouts == 0 for o in others)))
+    table = Table(f"Deadlocks, {WORLD} gloo ranks, 1 ms emulated compute (frequent "
+                  "exchanges), 1 s each", ["mode", "synchronization attempts",
+                                             "timeouts (cyclic waits broken)",
+                                             "per 1000 attempts", "pending groups",
+                                             "final accuracy"], rows, "emulated",
+                  note="A naive worker holds its own lock while it waits for its partner's; "
+                  "two workers that pick each other (or a longer cycle) wait until the "
+                  "serving side gives up after 0.25 s, which is counted.")
+    return Result(tables=[table], claims=claims)
+
+
+def microbench(ctx: RunContext) -> Result:
+    ctx.progress("P-Reduce micro-benchmarks")
+    mb = _micro(ctx)
+    rows = [[s.op, s.group_size, f"{s.num_bytes / 2**20:.2f}", f"{s.seconds * 1e3:.2f}"]
+            for s in mb.samples]
+    create = ", ".join(f"g={g}: {t * 1e3:.2f} ms" for g, t in sorted(mb.create_s.items()))
+    table = Table(f"One P-Reduce on {WORLD} local gloo ranks (median, loopback, no "
+                  "emulation)", ["operation", "group size", "MiB per member", "ms"], rows,
+                  "measured", note=f"Creating a member-only gloo group: {create}. p2p "
+                  "includes the arrival handshake in the coordination store that every "
+                  "backend does before moving data. CPU-bound and machine dependent.")
+    return Result(tables=[table], data={"samples": [s.__dict__ for s in mb.samples]})
+
+
+def mixing(ctx: RunContext) -> Result:
+    from . import mixing as mx
+
+    rows = []
+    claims = []
+    worst = 0.0
+    for n, g in ((8, 2), (16, 4), (16, 8)):
+        single = mx.rho_single_group(n, g)
+        mc_single = mx.rho_monte_carlo(n, mx.random_group_sampler(n, g), 4000, seed=n + g)
+        part = mx.rho_partition(n, g)
+        mc_part = mx.rho_monte_carlo(n, mx.random_partition_sampler(n, g), 4000, seed=n * g)
+        worst = max(worst, abs(single - mc_single), abs(part - mc_part))
+        rows.append([n, g, f"{single:.3f}", f"{mc_single:.3f}", f"{part:.3f}",
+                     f"{mc_part:.3f}"])
+    claims.append(Claim("mixing rate rho of one random group and of a random partition, "
+                        "formula vs Monte Carlo (4000 draws)", "rho = 1-(g-1)/(n-1); "
+                        "(n-g)/(g(n-1)) (note 2.2, derived)", f"largest gap {worst:.3f}",
+                        "analytic", "design note 2.2", worst <= 0.03))
+    theory = Table("Mixing rate rho = ||E[W^T W] - 11^T/n||", ["n", "g", "one group",
+                                                               "Monte Carlo",
+                                                               "partition", "Monte Carlo"],
+                   rows, "analytic")
+    runs = _all_runs(ctx)
+    measured_rows = []
+    for name in ("buffered g=2", "static 2x2 grid"):
+        r = runs[f"mixing: {name}"][0]
+        start = r.curve[0][2]
+        end = r.final_consensus
+        steps = min(s.steps for s in r.stats)
+        per_group = mx.rho_of_groups(WORLD, [m for _, m in r.groups])
+        predicted = (mx.rho_partition(WORLD, 2) ** steps if name.startswith("buffered")
+                     else 0.0)
+        measured_rows.append([name, steps, f"{start:.3g}", f"{end:.3g}",
+                              f"{end / start:.3g}", f"{predicted:.3g}", f"{per_group:.3f}"])
+    measured = Table(f"Consensus distance in real runs, {WORLD} gloo ranks, no gradient "
+                     "(lr 0), models spread at start, blocking groups", [
+                         "policy", "syncs per worker", "start", "end", "end/start",
+                         "predicted (rho^syncs, expectation)", "rho of the groups formed"],
+                     measured_rows, "measured", note="One run: the expectation holds over "
+                     "draws, so a single buffered run scatters around its prediction; the "
+                     "static grid reaches exact consensus after its two partitions (up to "
+                     "float32 rounding).")
+    static_ratio = float(measured_rows[1][4])
+    claims.append(Claim("static 2x2 grid: exact consensus after one row and one column "
+                        "round", "W_col W_row = 11^T/n (note 2.2)", f"end/start "
+                        f"{static_ratio:.2g}", "measured", "design note 2.2",
+                        static_ratio < 1e-10))
+    return Result(tables=[theory, measured], claims=claims)
+
+
+def _micro(ctx: RunContext) -> Any:
+    return _measured(ctx)[0]
+
+
+def _per_step_compute_s(results: Sequence[RunResult]) -> float:
+    """Real forward/backward per step, measured (the emulated sleep comes on top)."""
+    return statistics.median(s.compute_s / max(s.steps, 1) for r in results for s in r.stats)
+
+
+def simulated_scaling(ctx: RunContext) -> Result:
+    from .simulate import CommCosts, SimConfig, fit_costs, scaling, simulate, validate_against
+
+    runs = _all_runs(ctx)
+    mb = _micro(ctx)
+    ctx.progress("fitting and validating the simulator")
+    cnn_bytes = 38_282 * 4
+    samples = [(s.group_size, s.num_bytes, s.seconds) for s in mb.samples
+               if s.op == "preduce_cached"]
+    fitted = fit_costs(samples, generator_roundtrip_s=mb.generator_roundtrip_s)
+    # per-iteration traces of the equal-worker runs calibrate what the micro-benchmarks
+    # cannot see: each mode's real compute per step (DDP's backward holds its all-reduce)
+    # and the length of an AD-PSGD exchange as its initiator sees it; the slow-worker runs are
+    # then predicted, not fitted
+    ad = runs["AD-PSGD (bipartite)"]
+    exchange_s = statistics.median(s.comm_s / max(s.exchanges, 1) for r in ad
+                                   for k, s in enumerate(r.stats) if k % 2 == 1)
+    overhead = max(0.0, exchange_s - fitted.latency_s - cnn_bytes / LINK_BPS)
+    emulated = replace(fitted, bandwidth_Bps=LINK_BPS, pair_overhead_s=overhead)
+    window = PolicyConfig("ready_window", group_size=3, window_ms=3.0)
+    labels = {"allreduce": "All-Reduce (DDP)", "prague/static": "Prague static",
+              "prague/ready_window": "Prague ready-window", "adpsgd": "AD-PSGD (bipartite)"}
+    # the quick set has no equal-worker ready-window run: its real compute per step is the
+    # same code's in the slow-worker run (the emulated part is what the slowdown scales)
+    step_of = {k: COMPUTE_MS * 1e-3 + _per_step_compute_s(runs.get(v) or runs[v + ", slow"])
+               for k, v in labels.items()}
+    compute_s = step_of["prague/ready_window"]
+    tables, claims = [], []
+    rows, worst = [], 0.0
+    for label, slow, suffix in (("equal workers (calibration)", (), ""),
+                                (f"rank {SLOW_RANK} {SLOW_FACTOR:g}x slow (predicted)",
+                                 ((SLOW_RANK, SLOW_FACTOR),), ", slow")):
+        for key, name in labels.items():
+            name = AR_STEP_TIME if suffix and key == "allreduce" else name + suffix
+            if name not in runs:
+                continue
+            measured = statistics.median(r.throughput for r in runs[name])
+            # the injector slows the emulated part of a step, not the real forward and
+            # backward: the simulator's factor applies to the whole step
+            emulated_s = COMPUTE_MS * 1e-3
+            factor = tuple((r, (emulated_s * k + step_of[key] - emulated_s) / step_of[key])
+                           for r, k in slow)
+            config = SimConfig(world_size=WORLD, policy=window, compute_s=step_of[key],
+                               slow=factor, model_bytes=cnn_bytes, costs=emulated,
+                               duration_s=3.0)
+            row = validate_against({key: measured}, config)["rows"][key]
+            if suffix:
+                worst = max(worst, abs(row["rel_error"]))
+            rows.append([label, key, f"{row['measured']:.1f}", f"{row['simulated']:.1f}",
+                         f"{100 * row['rel_error']:+.0f}%"])
+    tables.append(Table(f"Simulator vs measured throughput (steps/s, all workers), {WORLD} "
+                        "ranks, the runs of time_to_accuracy", ["workers", "mode",
+                                                                 "measured (emulated)",
+                                                                 "simulated", "error"],
+                        rows, "simulated", note=(
+                            f"Calibration: a ring fit of the cached P-Reduce micro-benchmarks "
+                            f"(alpha {fitted.latency_s * 1e6:.0f} us, overhead "
+                            f"{fitted.preduce_overhead_s * 1e3:.2f} ms, loopback "
+                            f"{fitted.bandwidth_Bps / 1e9:.2f} GB/s), the measured generator "
+                            f"round trip {mb.generator_roundtrip_s * 1e3:.2f} ms, the "
+                            f"emulated link {LINK_BPS / 1e6:g} MB/s, per-step compute from "
+                            "the equal-worker runs ("
+                            + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in step_of.items())
+                            + f"), and AD-PSGD's exchange overhead {overhead * 1e3:.1f} ms "
+                            "from the same runs. The slow-worker rows are predictions.")))
+    validated = worst <= 0.25
+    claims.append(Claim(f"simulator predicts the measured {WORLD}-rank slow-worker runs "
+                        "(throughput, calibrated on the equal-worker ones)", "-",
+                        f"worst error {100 * worst:.0f}% (limit 25%)",
+                        "simulated", "-", validated))
+    sizes = (16, 32, 64, 128)
+    paper = {"vs_allreduce_homog": "1.2x", "vs_adpsgd_homog": "3.7x",
+             "vs_allreduce_hetero": "4.4x"}
+    for title, costs, step_s, model_bytes, kind_note in (
+            ("the measured regime, projected (calibrated)", emulated, compute_s, cnn_bytes,
+             "the validated 4-rank model with more workers on the same flat emulated "
+             "network"),
+            ("the note's cluster (uncalibrated assumption)", CommCosts(
+                latency_s=50e-6, bandwidth_Bps=1.25e9, generator_roundtrip_s=1e-3,
+                pair_overhead_s=20e-3, preduce_overhead_s=1e-3, ranks_per_node=4,
+                intra_bandwidth_Bps=10e9), 0.1, 100e6,
+             "4 GPUs per node at 10 GB/s, 10 GbE between nodes, 100 MB model, 100 ms "
+             "compute, AD-PSGD overhead 20 ms (design note 6.3)")):
+        srows = []
+        for overlap in (True, False):
+            ctx.progress(f"simulating 16-128 workers, {title}, overlap={overlap}")
+            for row in scaling(costs, step_s, model_bytes, sizes, SLOW_FACTOR, overlap,
+                               quarter_slow=False):
+                def cell(key: str, row: dict[str, Any] = row) -> str:
+                    tp, ttt = row[f"speedup_{key}"], row[f"speedup_{key}_ttt"]
+                    return f"{tp:.2f}x" + (f" ({ttt:.2f}x)" if ttt is not None else "")
+                srows.append([row["world_size"], "on" if overlap else "off",
+                              row["prague_homog_policy"], *(cell(k) for k in paper)])
+                if overlap and row["world_size"] == 128:
+                    for key, target in paper.items():
+                        claims.append(Claim(
+                            f"{key.replace('_', ' ')} at 128 workers, {title}", target,
+                            cell(key) + " throughput (time to target)", "simulated", PAPER,
+                            None))
+        tables.append(Table(
+            f"Simulated speedups at 16-128 workers, {title}", [
+                "workers", "overlap", "Prague policy (equal workers)",
+                "Prague / All-Reduce, equal (paper 1.2x)",
+                "Prague / AD-PSGD, equal (paper 3.7x)",
+                f"ready-window / All-Reduce, one {SLOW_FACTOR:g}x slow (paper 4.4x)"],
+            srows, "simulated", note=f"{kind_note}. Throughput ratio, and in brackets the "
+            "ratio of times to a target on the simulator's noisy quadratic."
+            + ("" if validated else " The 4-rank validation failed its limit: read these "
+               "as unvalidated.")))
+    trace = simulate(SimConfig(mode="prague", world_size=16, policy=window,
+                               compute_s=compute_s, slow=((0, SLOW_FACTOR),),
+                               model_bytes=cnn_bytes, costs=emulated, duration_s=0.5))
+    path = trace.write_trace(ctx.out_dir / "decentralized_trace_simulated_16.json")
+    return Result(tables=tables, claims=claims,
+                  notes=[f"Simulated trace, 16 workers, ready window, one slow: {path.name}"])
+
+
+EXPERIMENTS = [
+    Experiment("decentralized", "time_to_accuracy", "Time to accuracy and throughput of "
+               "every mode, equal workers and one slow worker", time_to_accuracy),
+    Experiment("decentralized", "deadlock", "Naive AD-PSGD's deadlock against the bipartite "
+               "fix and Prague's global order", deadlock),
+    Experiment("decentralized", "microbench", "P-Reduce micro-benchmarks per backend",
+               microbench),
+    Experiment("decentralized", "mixing", "Mixing-rate theory vs Monte Carlo vs real runs",
+               mixing),
+    Experiment("decentralized", "simulated_scaling", "The simulator, validated at 4 ranks, "
+               "at 16-128 workers next to the paper's 1.2x, 3.7x and 4.4x", simulated_scaling),
+]
+
+__all__ = ["EXPERIMENTS"]
