@@ -107,6 +107,7 @@ class GroupGenerator:
     _rng: random.Random = field(init=False)
     _partition: list[tuple[int, ...]] = field(init=False, default_factory=list)
     _unissued: set[tuple[int, ...]] = field(init=False, default_factory=set)
+    _claimed: set[int] = field(init=False, default_factory=set)
     _divisions: list[tuple[int, ...]] = field(init=False, default_factory=list)
     _since_division: int = field(init=False, default=0)
     _static: list[list[tuple[int, ...]]] = field(init=False, default_factory=list)
@@ -142,6 +143,10 @@ class GroupGenerator:
             members = [rank, *self._rng.sample(others, self.policy.group_size - 1)]
         elif name == "buffered":
             members = list(self._buffered_group(rank))
+            if members == [rank]:
+                # its group of this partition is already queued (it joined passively):
+                # a no-op group after it satisfies the request once that one has run
+                return [self._issue(members)]
         else:
             members = list(self._division_group(rank))
         return [self._issue(members)]
@@ -198,12 +203,23 @@ class GroupGenerator:
         return [group]
 
     def _buffered_group(self, rank: int) -> tuple[int, ...]:
+        """Group Buffer: every worker syncs once per pre-drawn partition. A worker whose
+        group of the current partition is already queued (issued by a partner) has its
+        round: it gets a marker group of itself. A worker that has had its round starts
+        the next partition."""
         mine = next((g for g in self._partition if rank in g), None)
+        if mine is not None and mine not in self._unissued and rank not in self._claimed:
+            self._claimed.add(rank)
+            return (rank,)
         if mine is None or mine not in self._unissued:
             self._partition = self._draw_partition(list(range(self.world_size)))
             self._unissued = set(self._partition)
+            self._claimed = set()
             mine = next(g for g in self._partition if rank in g)
         self._unissued.discard(mine)
+        # the requester, and every member waiting on a request, have had this round
+        self._claimed.add(rank)
+        self._claimed.update(m for m in mine if m in self.pending)
         return mine
 
     def _division_group(self, rank: int) -> tuple[int, ...]:
