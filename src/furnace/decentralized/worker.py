@@ -511,6 +511,16 @@ def _run_adpsgd(rank: int, world_size: int, config: RunConfig, shared: _Shared,
     rng = random.Random(config.seed * 31 + rank)
     nbytes = shared.flat.numel() * shared.flat.element_size()
 
+    def average_with(peer: int, send_tag: int, recv_tag: int, what: str) -> None:
+        """Swap models with ``peer`` and keep the pair's mean (plus local updates since)."""
+        with shared.lock:
+            snapshot = shared.flat.clone()
+        injector.sleep_link(nbytes)
+        theirs = _exchange(snapshot, peer, send_tag, recv_tag, timeout, rank, what)
+        shared.mix_in(snapshot, (snapshot + theirs) / 2)
+        stats.bytes_sent += nbytes
+        stats.exchanges += 1
+
     def serve() -> None:
         try:
             stops = 0
@@ -533,14 +543,8 @@ def _run_adpsgd(rank: int, world_size: int, config: RunConfig, shared: _Shared,
                     continue
                 try:
                     start = clock.now()
-                    with shared.lock:
-                        snapshot = shared.flat.clone()
-                    injector.sleep_link(nbytes)
-                    theirs = _exchange(snapshot, src, _TAG_TO_INITIATOR, _TAG_TO_SERVER,
-                                       timeout, rank, f"AD-PSGD exchange served for {src}")
-                    shared.mix_in(snapshot, (snapshot + theirs) / 2)
-                    stats.bytes_sent += nbytes
-                    stats.exchanges += 1
+                    average_with(src, _TAG_TO_INITIATOR, _TAG_TO_SERVER,
+                                 f"AD-PSGD exchange served for {src}")
                     spans.append(Span(rank, "comm", f"serve {src}", "exchange", start,
                                       clock.now(), (src,)))
                 finally:
@@ -572,14 +576,8 @@ def _run_adpsgd(rank: int, world_size: int, config: RunConfig, shared: _Shared,
             if int(reply[0]) == _BUSY:
                 stats.timeouts += 1
             else:
-                with shared.lock:
-                    snapshot = shared.flat.clone()
-                injector.sleep_link(nbytes)
-                theirs = _exchange(snapshot, peer, _TAG_TO_SERVER, _TAG_TO_INITIATOR,
-                                   timeout, rank, f"AD-PSGD exchange with {peer}")
-                shared.mix_in(snapshot, (snapshot + theirs) / 2)
-                stats.bytes_sent += nbytes
-                stats.exchanges += 1
+                average_with(peer, _TAG_TO_SERVER, _TAG_TO_INITIATOR,
+                             f"AD-PSGD exchange with {peer}")
         finally:
             if naive:
                 own.release()
