@@ -149,7 +149,6 @@ class RunConfig:
     hetero: HeteroConfig = field(default_factory=HeteroConfig)
     timeout_s: float = 30.0
     mlp_hidden: int = 1024
-    trace: bool = True
     # each rank's initial parameters plus this much iid noise (seeded by rank), so that
     # the consensus distance starts above zero and its decay per synchronization shows
     init_spread: float = 0.0
