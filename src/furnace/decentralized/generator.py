@@ -426,6 +426,11 @@ def wait_for_members(store: dist.Store, group: Group, rank: int, timeout_s: floa
     try:
         store.wait(keys, timedelta(seconds=timeout_s))
     except Exception:  # the store's timeout error; find out who is missing
-        missing = [m for m, k in zip(group.members, keys) if not store.check([k])]
-        raise GroupTimeoutError(rank, f"group {group.seq} {list(group.members)}", missing,
-                                timeout_s) from None
+        try:
+            missing = [m for m, k in zip(group.members, keys) if not store.check([k])]
+            what = f"group {group.seq} {list(group.members)}"
+        except Exception:  # the store's host (rank 0) is gone too: name every other member
+            missing = [m for m in group.members if m != rank]
+            what = (f"group {group.seq} {list(group.members)} (the coordination store on "
+                    "rank 0 is unreachable)")
+        raise GroupTimeoutError(rank, what, missing, timeout_s) from None

@@ -277,6 +277,12 @@ def run_worker(rank: int, world_size: int, config: RunConfig,
         else:
             _run_synchronous(rank, world_size, config, shared, stats, spans, clock,
                              compute_step, injector, split, train_model)
+    except GroupTimeoutError:
+        if rank == 0:
+            # this rank hosts the coordination store: peers that timed out at about the
+            # same moment read it to name who is missing, so it outlives their look
+            time.sleep(config.timeout_s / 2)
+        raise
     finally:
         shared.stop.set()
         snap_thread.join(config.timeout_s)
