@@ -38,7 +38,7 @@ LR_LOCAL, LR_ALLREDUCE = 0.1, 0.2
 REPEATS = 3
 
 
-def _base(ctx: RunContext, **over: Any) -> RunConfig:
+def _base(**over: Any) -> RunConfig:
     links = tuple((r, LINK_BPS) for r in range(WORLD))
     cfg = RunConfig(world_size=WORLD, compute_ms=COMPUTE_MS, lr=LR_LOCAL, backend="cached",
                     hetero=HeteroConfig(slow_links=links), timeout_s=20.0,
@@ -57,27 +57,27 @@ def _mode_configs(ctx: RunContext, seed: int) -> dict[str, RunConfig]:
     """The runs of one repeat (seed), named for the tables. The quick set repeats only
     the closest comparison (Prague static against AD-PSGD, equal workers) three times."""
     configs: dict[str, RunConfig] = {
-        "Prague static": _base(ctx, mode="prague", policy=PolicyConfig("static",
+        "Prague static": _base(mode="prague", policy=PolicyConfig("static",
                                                                        grid_rows=2),
                                backend="precreated", seed=seed),
-        "AD-PSGD (bipartite)": _base(ctx, mode="adpsgd", backend="p2p", seed=seed)}
+        "AD-PSGD (bipartite)": _base(mode="adpsgd", backend="p2p", seed=seed)}
     if ctx.quick and seed > 0:
         return configs
-    window = _base(ctx, mode="prague", policy=PolicyConfig("ready_window", group_size=3,
+    window = _base(mode="prague", policy=PolicyConfig("ready_window", group_size=3,
                                                            window_ms=3.0, seed=seed),
                    seed=seed)
-    configs = {"All-Reduce (DDP)": _base(ctx, mode="allreduce", lr=LR_ALLREDUCE,
+    configs = {"All-Reduce (DDP)": _base(mode="allreduce", lr=LR_ALLREDUCE,
                                          stop_at_accuracy=max(TARGETS), duration_s=6.0,
                                          seed=seed),
                **configs, "Prague ready-window": window,
                # the active side blocking on each exchange, as a foreground gossip does:
                # what the overlapped AD-PSGD above gains by its communication thread
-               "AD-PSGD (bipartite, blocking)": _base(ctx, mode="adpsgd", backend="p2p",
+               "AD-PSGD (bipartite, blocking)": _base(mode="adpsgd", backend="p2p",
                                                       overlap=False, seed=seed)}
     if not ctx.quick:
-        configs["D-PSGD ring"] = _base(ctx, mode="dpsgd", seed=seed)
-        configs["local SGD (H=8)"] = _base(ctx, mode="localsgd", seed=seed)
-        configs["Prague random g=3"] = _base(ctx, mode="prague",
+        configs["D-PSGD ring"] = _base(mode="dpsgd", seed=seed)
+        configs["local SGD (H=8)"] = _base(mode="localsgd", seed=seed)
+        configs["Prague random g=3"] = _base(mode="prague",
                                              policy=PolicyConfig("random", seed=seed),
                                              seed=seed)
     slow = {f"{name}, slow": replace(_slowed(c), duration_s=3.0)
@@ -125,11 +125,11 @@ def _ar_slow_time(runs: dict[str, list[RunResult]], target: float
 def _deadlock_configs(ctx: RunContext) -> dict[str, RunConfig]:
     # tiny compute: exchanges are frequent, so two workers often pick each other
     fast = dict(compute_ms=1.0, duration_s=1.0, hetero=HeteroConfig(), lr=LR_LOCAL)
-    return {"naive AD-PSGD (all active)": _base(ctx, mode="adpsgd_naive", backend="p2p",
+    return {"naive AD-PSGD (all active)": _base(mode="adpsgd_naive", backend="p2p",
                                                 **fast),
-            "AD-PSGD (bipartite)": _base(ctx, mode="adpsgd", backend="p2p", **fast),
+            "AD-PSGD (bipartite)": _base(mode="adpsgd", backend="p2p", **fast),
             "Prague random g=3 (global order)": _base(
-                ctx, mode="prague", policy=PolicyConfig("random"), **fast)}
+                mode="prague", policy=PolicyConfig("random"), **fast)}
 
 
 def _initial_models(config: RunConfig) -> Any:
@@ -156,9 +156,9 @@ def _mixing_configs(ctx: RunContext) -> dict[str, RunConfig]:
                 max_steps=3, duration_s=60.0, hetero=HeteroConfig())
     # buffered: one round, one random partition (a second, different one of 4 workers
     # would already give exact consensus, and say nothing about the rate)
-    return {"buffered g=2": _base(ctx, mode="prague", policy=PolicyConfig(
+    return {"buffered g=2": _base(mode="prague", policy=PolicyConfig(
                                       "buffered", group_size=2), **{**pure, "max_steps": 1}),
-            "static 2x2 grid": _base(ctx, mode="prague", backend="precreated",
+            "static 2x2 grid": _base(mode="prague", backend="precreated",
                                      policy=PolicyConfig("static", grid_rows=2), **pure)}
 
 

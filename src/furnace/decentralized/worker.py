@@ -221,7 +221,6 @@ def run_worker(rank: int, world_size: int, config: RunConfig,
     if config.mode == "allreduce":
         train_model = nn.parallel.DistributedDataParallel(model)
     loss_fn = nn.CrossEntropyLoss()
-    timeout = timedelta(seconds=config.timeout_s)
     store, host, port = _coordination_store(rank, config.timeout_s)
     fail_rank, fail_step = config.fail if config.fail is not None else (-1, -1)
 
@@ -270,13 +269,13 @@ def run_worker(rank: int, world_size: int, config: RunConfig,
         if config.mode == "prague":
             pending, generator_requests = _run_prague(
                 rank, world_size, config, shared, stats, spans, clock, compute_step,
-                injector, store, host, port, groups_log, (fail_rank, fail_step))
+                injector, host, port, groups_log, (fail_rank, fail_step))
         elif config.mode in ("adpsgd", "adpsgd_naive"):
             _run_adpsgd(rank, world_size, config, shared, stats, spans, clock, compute_step,
                         injector, naive=config.mode == "adpsgd_naive")
         else:
             _run_synchronous(rank, world_size, config, shared, stats, spans, clock,
-                             compute_step, injector, split, train_model)
+                             compute_step, injector, split)
     except GroupTimeoutError:
         if rank == 0:
             # this rank hosts the coordination store: peers that timed out at about the
@@ -289,8 +288,7 @@ def run_worker(rank: int, world_size: int, config: RunConfig,
     stats.wall_s = clock.now()
     stats.transients = injector.transients
     dist.barrier()
-    curve = _score(rank, world_size, config, snapshots, snapshot_times, model, flat, split,
-                   timeout)
+    curve = _score(rank, world_size, snapshots, snapshot_times, model, flat, split)
     del store
     return WorkerReport(rank, stats, spans, groups_log, pending, snapshot_times, curve,
                         generator_requests, flat.clone())
@@ -305,8 +303,7 @@ def _done(config: RunConfig, stats: WorkerStats, clock: _Clock) -> bool:
 def _run_prague(rank: int, world_size: int, config: RunConfig, shared: _Shared,
                 stats: WorkerStats, spans: list[Span], clock: _Clock,
                 compute_step: Callable[[_Clock], None], injector: Injector,
-                store: dist.Store, host: str, port: int,
-                groups_log: list[tuple[int, tuple[int, ...]]],
+                host: str, port: int, groups_log: list[tuple[int, tuple[int, ...]]],
                 fail: tuple[int, int]) -> tuple[int, int]:
     static = config.policy.name == "static"
     static_groups: list[tuple[int, ...]] | None = None
@@ -664,7 +661,7 @@ def _run_adpsgd(rank: int, world_size: int, config: RunConfig, shared: _Shared,
 def _run_synchronous(rank: int, world_size: int, config: RunConfig, shared: _Shared,
                      stats: WorkerStats, spans: list[Span], clock: _Clock,
                      compute_step: Callable[[_Clock], None], injector: Injector,
-                     split: Any, train_model: nn.Module) -> None:
+                     split: Any) -> None:
     timeout = timedelta(seconds=config.timeout_s)
     flat = shared.flat
     nbytes = flat.numel() * flat.element_size()
@@ -728,9 +725,9 @@ def _run_synchronous(rank: int, world_size: int, config: RunConfig, shared: _Sha
 
 # -- scoring --------------------------------------------------------------------------------
 
-def _score(rank: int, world_size: int, config: RunConfig, snapshots: list[torch.Tensor],
-           times: list[float], model: nn.Module, flat: torch.Tensor, split: Any,
-           timeout: timedelta) -> list[tuple[float, float, float]]:
+def _score(rank: int, world_size: int, snapshots: list[torch.Tensor], times: list[float],
+           model: nn.Module, flat: torch.Tensor, split: Any
+           ) -> list[tuple[float, float, float]]:
     """Average the snapshots over the world; rank 0 scores each average on the held-out
     split. Returns (time, accuracy of the average model, consensus distance); the last
     entry, at time inf, is the final models after the run."""
