@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import pytest
 
-from furnace.recsys.bench import SCHEDULED, BenchConfig, run_bench
+from furnace.recsys.bench import SCHEDULED, SCHEDULED_BASELINE, BenchConfig, run_bench
 from furnace.recsys.config import SCHEMES, EngineConfig, PlanError
 from furnace.recsys.data import SyntheticClickLog
 from furnace.recsys.model import DLRM
@@ -22,6 +22,8 @@ from furnace.recsys.model import DLRM
     ("steps", 0), ("warmup", -1), ("batch_size", 1023), ("row_scale", 0.0),
     ("zipf_exponent", -1.0), ("optimizer", "adam"), ("hot_budget_mib", -1.0),
     ("bandwidth_Bps", 0.0), ("latency_s", -1e-3), ("repeats", 0), ("interaction", "cat"),
+    ("ranks_per_node", 3), ("ranks_per_node", 0), ("intra_bandwidth_Bps", 0.0),
+    ("intra_latency_s", -1.0),
 ])
 def test_bad_config_names_field(field: str, value: object) -> None:
     with pytest.raises(PlanError) as err:
@@ -38,7 +40,7 @@ TINY = BenchConfig(world_size=2, steps=2, warmup=1, repeats=1, batch_size=16,
 def test_tiny_run_structure_and_bytes() -> None:
     result = run_bench(TINY, timeout_s=120)
     names = [s.name for s in result.schemes]
-    assert set(names) == set(SCHEMES) | {SCHEDULED}
+    assert set(names) == set(SCHEMES) | {SCHEDULED, SCHEDULED_BASELINE}
     steps = TINY.total_steps
     for s in result.schemes:
         assert len(s.samples_s) == TINY.steps * TINY.repeats and min(s.samples_s) > 0
@@ -57,8 +59,9 @@ def test_tiny_run_structure_and_bytes() -> None:
     dense = sum(p.numel() for p in DLRM(model, data.num_dense, data.num_tables).parameters())
     batches = list(SyntheticClickLog(data).batches(TINY.batch_size, steps))
     for s in result.schemes:
-        engine = (EngineConfig.scheduled("hybrid") if s.name == SCHEDULED
-                  else EngineConfig(scheme=s.name))
+        engine = {SCHEDULED: EngineConfig.scheduled("hybrid"),
+                  SCHEDULED_BASELINE: EngineConfig.scheduled("row_dedup")}.get(
+            s.name) or EngineConfig(scheme=s.name)
         assert s.plan is not None
         expected: dict[str, int] = defaultdict(int)
         for batch in batches:
@@ -69,3 +72,7 @@ def test_tiny_run_structure_and_bytes() -> None:
                 expected[f"{phase}/{rank}"] += b
         assert s.bytes_per_rank == dict(expected), s.name
         assert s.busiest_bytes_per_step > 0
+        # every rank is its own node here: every byte crosses nodes
+        assert s.busiest_inter_node_bytes_per_step == pytest.approx(
+            max(sum(b for key, b in expected.items() if key.endswith(f"/{r}"))
+                for r in range(TINY.world_size)) / steps)

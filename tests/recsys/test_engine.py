@@ -28,6 +28,8 @@ from furnace.recsys.engine import ShardedTrainer, needs_touched_counts
 from furnace.recsys.naive import ReferenceTrainer
 from furnace.recsys.plan import make_plan
 from furnace.runtime.launch import run_distributed
+from furnace.runtime.presets import emulated_link
+from furnace.runtime.twolevel import LevelCounter
 
 TABLES = (3, 7, 20, 40, 5)
 STEPS = 3
@@ -57,6 +59,16 @@ def _cases(world_size: int) -> list[dict[str, Any]]:
                           weight_decay=0.01))
     cases.append(dict(scheme="table_pooled", sparse="sgd", hot=(), hot_name="empty",
                       scheduled=True, bag_size=2, weight_decay=0.01))
+    if world_size == 4:
+        # two nodes of two ranks: hierarchical all-reduces (dense, hot, fused)
+        for scheme, hot, scheduled, decay in (("hybrid", "partial", False, 0.01),
+                                              ("hybrid", "partial", True, 0.0),
+                                              ("hybrid", "all", True, 0.0),
+                                              ("row_dedup", "empty", False, 0.0),
+                                              ("table_pooled", "empty", True, 0.0)):
+            cases.append(dict(scheme=scheme, sparse="rowwise_adagrad", hot=hot_sets[hot],
+                              hot_name=hot, scheduled=scheduled, bag_size=1,
+                              weight_decay=decay, ranks_per_node=2))
     return cases
 
 
@@ -77,15 +89,21 @@ def _worker(rank: int, world_size: int) -> list[dict[str, Any]]:
         data, optim, engine = _configs(case)
         plan = make_plan(case["scheme"], table_rows=TABLES, world_size=world_size,
                          hot_rows=case["hot"])
-        trainer = ShardedTrainer(data, MODEL, optim, plan, engine, seed=5)
+        per_node = case.get("ranks_per_node", 1)
+        counter = LevelCounter(emulated_link(bandwidth_Bps=1e9, ranks_per_node=per_node),
+                               by="group")
+        trainer = ShardedTrainer(data, MODEL, optim, plan, engine, seed=5,
+                                 ranks_per_node=per_node, on_traffic=counter)
         batches = list(SyntheticClickLog(data).batches(8 * world_size, STEPS))
         losses = [trainer.step(b, batches[i + 1] if i + 1 < STEPS else None)
                   for i, b in enumerate(batches)]
         logged: dict[tuple[str, int], int] = defaultdict(int)
         for record in trainer.comm_log.records:
-            logged[record.group, record.rank] += record.bytes_sent
+            logged[record.group, rank] += record.bytes_sent
+        inter = {(phase, rank): levels.get("inter_node", 0)
+                 for phase, levels in counter.bytes.items()}
         out.append({"losses": losses, "params": trainer.full_parameters(),
-                    "bytes": dict(logged)})
+                    "bytes": dict(logged), "inter": inter})
     return out
 
 
@@ -99,8 +117,9 @@ def test_every_scheme_equals_the_reference_and_logs_the_counted_bytes(world_size
         DataConfig(table_rows=TABLES, num_dense=3), MODEL, OptimizerConfig()).model.parameters())
     a2a_by_schedule: dict[tuple[Any, ...], dict[bool, dict[tuple[str, int], int]]] = {}
     for i, case in enumerate(_cases(world_size)):
+        per_node = case.get("ranks_per_node", 1)
         name = (f"{case['scheme']}/{case['sparse']}/hot={case['hot_name']}/"
-                f"scheduled={case['scheduled']}/bag={case['bag_size']}")
+                f"scheduled={case['scheduled']}/bag={case['bag_size']}/per_node={per_node}")
         data, optim, engine = _configs(case)
         ref = ReferenceTrainer(data, MODEL, optim, seed=5)
         batches = list(SyntheticClickLog(data).batches(8 * world_size, STEPS))
@@ -109,12 +128,17 @@ def test_every_scheme_equals_the_reference_and_logs_the_counted_bytes(world_size
         plan = make_plan(case["scheme"], table_rows=TABLES, world_size=world_size,
                          hot_rows=case["hot"])
         counted: dict[tuple[str, int], int] = defaultdict(int)
+        counted_inter: dict[tuple[str, int], int] = defaultdict(int)
         for b in batches:
-            for key, v in exact_bytes(b, plan, engine, embedding_dim=D,
-                                      dense_param_count=dense_params, element_bytes=8,
-                                      touched_counts=needs_touched_counts(optim)).items():
-                counted[key] += v
+            for inter_only, into in ((False, counted), (True, counted_inter)):
+                for key, v in exact_bytes(b, plan, engine, embedding_dim=D,
+                                          dense_param_count=dense_params, element_bytes=8,
+                                          touched_counts=needs_touched_counts(optim),
+                                          ranks_per_node=per_node,
+                                          inter_node_only=inter_only).items():
+                    into[key] += v
         logged_all: dict[tuple[str, int], int] = {}
+        inter_all: dict[tuple[str, int], int] = {}
         for rank, result in enumerate(results):
             r = result[i]
             assert r["losses"] == pytest.approx(ref_losses, rel=1e-12, abs=1e-12), name
@@ -124,7 +148,10 @@ def test_every_scheme_equals_the_reference_and_logs_the_counted_bytes(world_size
                 assert err <= TOLERANCE * scale, f"{name} rank {rank} {key}: {err:.2e}"
             logged_all.update({k: v for k, v in r["bytes"].items()
                                if k[0] not in ("metrics", "gather") and v})
+            inter_all.update({(phase, rank): v for (phase, _), v in r["inter"].items() if v})
         assert logged_all == dict(counted), name
+        # bytes that cross nodes, as the emulator attributes them, equal the closed form
+        assert inter_all == dict(counted_inter), name
         logged = logged_all
         a2a = sum(v for (ph, _), v in logged.items() if ph in ("ids", "vectors", "grads"))
         if case["hot_name"] == "all":
@@ -134,7 +161,7 @@ def test_every_scheme_equals_the_reference_and_logs_the_counted_bytes(world_size
         if not case["hot"]:
             assert not any(ph == "hot_allreduce" for ph, _ in logged), name
         key = (case["scheme"], case["sparse"], case["hot_name"], case["bag_size"],
-               case["weight_decay"])
+               case["weight_decay"], per_node)
         a2a_by_schedule.setdefault(key, {})[case["scheduled"]] = {
             k: v for k, v in logged.items() if k[0] in ("splits", "ids", "vectors", "grads")}
     # pairwise rounds and prefetch move the same bytes as the plain all-to-alls

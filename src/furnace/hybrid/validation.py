@@ -57,10 +57,11 @@ import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from furnace.moe import BaseGate, GateOutput, MoELMConfig, MoETransformerLM
-from furnace.runtime.comm import CommLog, Communicator, Traffic
+from furnace.runtime.comm import CommLog, Communicator
 from furnace.runtime.launch import run_distributed
 from furnace.runtime.netem import NetworkEmulation, NetworkEmulator
-from furnace.runtime.topology import LinkLevel, Topology
+from furnace.runtime.topology import Topology
+from furnace.runtime.twolevel import LevelCounter
 
 from .alltoall import emulated_supernode_topology
 from .config import MoEModelSpec, PlanLayout
@@ -254,35 +255,6 @@ def build_lm(config: ValidationConfig) -> MoETransformerLM:
     return model.to(getattr(torch, config.dtype))
 
 
-class _LevelCounter:
-    """Bytes and messages this rank sends, per op and link level, attributed as the
-    emulator does (`NetworkEmulator.duration`); a `Communicator` ``on_traffic`` observer
-    (the per-peer split it needs is not in the `CommLog` records)."""
-
-    def __init__(self, topology: Topology) -> None:
-        self.topology = topology
-        self.bytes: dict[str, dict[str, int]] = {}
-        self.messages: dict[str, dict[str, int]] = {}
-
-    def __call__(self, op: str, tr: Traffic, comm: Communicator) -> None:
-        global_ranks = comm.global_ranks
-        by_bytes = self.bytes.setdefault(op, {})
-        by_messages = self.messages.setdefault(op, {})
-        if tr.pattern == "ring":
-            level = self.topology.slowest_level(global_ranks)
-            if level is not None and tr.steps:
-                by_bytes[level] = by_bytes.get(level, 0) + tr.bytes_sent
-                by_messages[level] = by_messages.get(level, 0) + tr.messages
-            return
-        for peer, sent, _ in tr.peers:
-            lvl: LinkLevel = self.topology.level(global_ranks[comm.rank],
-                                                 global_ranks[peer])
-            if lvl == "self" or not sent:
-                continue
-            by_bytes[lvl] = by_bytes.get(lvl, 0) + sent
-            by_messages[lvl] = by_messages.get(lvl, 0) + 1
-
-
 def _cpu_sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
                     **kwargs: Any) -> int:
     # torch's flop_counter formulas are untyped
@@ -333,7 +305,7 @@ def _rank_step(rank: int, world_size: int, config: ValidationConfig) -> dict[str
                         recompute=False).moda_layout(topology)
     log = CommLog()
     network = NetworkEmulator(NetworkEmulation(topology=topology, mode="virtual"), rank=rank)
-    counter = _LevelCounter(topology)
+    counter = LevelCounter(topology)
     world = Communicator(group, log=log, network=network, name="world", on_traffic=counter)
     # P = W (BaGuaLu's default): the EP group is the world, the EDP group this rank alone;
     # built here rather than by MoDaGroups.create, whose world is the whole job's

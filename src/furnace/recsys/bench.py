@@ -7,12 +7,15 @@ one spawn of ``world_size`` gloo ranks, timing them step by step in interleaved 
 (`runtime.timing.round_robin`: every round runs each scheme one step, in a rotating order),
 so a change in how busy the host is hits every scheme alike and ratios can be paired.
 
-Times are wall-clock on this host with the network EMULATED (`runtime.netem`, sleep mode,
-one link class of ``bandwidth_Bps`` and ``latency_s``) for our engine's phases; they are
-labelled so. TorchRec calls ``torch.distributed`` itself, so its traffic is not emulated
+Times are wall-clock on this host with the network EMULATED (`runtime.netem`, sleep mode:
+one link class of ``bandwidth_Bps`` and ``latency_s``, or, with ``ranks_per_node``, that link
+between nodes and a faster one inside) for our engine's phases; they are labelled so. Bytes
+are the CommLog's, and the busiest rank's bytes across nodes are attributed by
+`runtime.twolevel.LevelCounter` as the emulator times them. TorchRec calls
+``torch.distributed`` itself, so its traffic is not emulated
 (real loopback gloo) and its bytes are INTERCEPTED, not logged: it is shown for reference,
 not as a speed ratio. The hybrid scheme's hot set comes from `plan.choose_hot_set` over the
-profiled access counts of the first batches and the emulated link's `ClusterModel`.
+profiled access counts of the first batches and the emulated machine's `ClusterModel`.
 """
 
 from __future__ import annotations
@@ -38,11 +41,15 @@ from .config import (
     scaled_table_rows,
 )
 
-__all__ = ["BenchConfig", "BenchResult", "SchemeResult", "run_bench"]
+__all__ = ["SCHEDULED", "SCHEDULED_BASELINE", "BenchConfig", "BenchResult", "SchemeResult",
+           "run_bench"]
 
 EXCLUDED_GROUPS = ("metrics", "gather")  # bookkeeping, not training traffic
 PROFILE_BATCHES = 4
 SCHEDULED = "hybrid_scheduled"
+# row_dedup with the same scheduling as SCHEDULED (hybrid with K = 0): what the scheduling
+# alone buys, so that the planned scheme's gain can be split into scheduling and replication
+SCHEDULED_BASELINE = "row_dedup_scheduled"
 TORCHREC = "torchrec_tw"
 
 
@@ -58,8 +65,12 @@ class BenchConfig:
             batches and has ``steps * repeats`` timing samples.
         batch_size: the GLOBAL batch.
         row_scale: Criteo's table sizes times this (`config.scaled_table_rows`).
-        bandwidth_Bps, latency_s: the emulated link; ``bandwidth_Bps=None`` runs plain
-            loopback gloo (and the planner assumes a nominal 1 GB/s link).
+        bandwidth_Bps, latency_s: the emulated link (between nodes, when ``ranks_per_node``
+            makes two levels); ``bandwidth_Bps=None`` runs plain loopback gloo (and the
+            planner assumes a nominal 1 GB/s link).
+        ranks_per_node: ranks that share a node: with 1 < ranks_per_node < world_size the
+            machine has two levels, ranks of one node talk over ``intra_bandwidth_Bps`` and
+            ``intra_latency_s``, and the engine's all-reduces are hierarchical.
         hot_budget_mib: the planner's per-rank memory for replicated rows.
         torchrec: also run TorchRec's table-wise DLRM when it is installed.
     """
@@ -78,6 +89,9 @@ class BenchConfig:
     hot_budget_mib: float = 8.0
     bandwidth_Bps: float | None = 1e9
     latency_s: float = 5e-5
+    ranks_per_node: int = 1
+    intra_bandwidth_Bps: float = 1e10
+    intra_latency_s: float = 1e-5
     torchrec: bool = True
     repeats: int = 3
     seed: int = 0
@@ -122,6 +136,18 @@ class BenchConfig:
         if not (isinstance(self.latency_s, (int, float)) and math.isfinite(self.latency_s)
                 and self.latency_s >= 0):
             raise PlanError("latency_s", f"must be >= 0 seconds, got {self.latency_s!r}")
+        if not (isinstance(self.ranks_per_node, int) and not isinstance(self.ranks_per_node, bool)
+                and 1 <= self.ranks_per_node <= self.world_size
+                and self.world_size % self.ranks_per_node == 0):
+            raise PlanError("ranks_per_node", f"must be an integer that divides world_size="
+                            f"{self.world_size}, got {self.ranks_per_node!r}")
+        for name in ("intra_bandwidth_Bps", "intra_latency_s"):
+            value = getattr(self, name)
+            low_ok = value > 0 if name == "intra_bandwidth_Bps" else value >= 0
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and low_ok):
+                raise PlanError(name, f"must be a finite number "
+                                f"{'> 0' if name == 'intra_bandwidth_Bps' else '>= 0'}, "
+                                f"got {value!r}")
         if self.table_rows is not None:
             DataConfig(table_rows=self.table_rows)  # raises DataError naming table_rows
         if self.hot_rows is not None and not (isinstance(self.hot_rows, int)
@@ -146,10 +172,29 @@ class BenchConfig:
         return OptimizerConfig(sparse=self.optimizer)
 
     @property
+    def two_level(self) -> bool:
+        return 1 < self.ranks_per_node < self.world_size
+
+    def topology(self) -> Any:
+        """The emulated machine (the planner's too; a nominal 1 GB/s link without one)."""
+        from furnace.runtime.presets import emulated_link
+
+        two = dict(ranks_per_node=self.ranks_per_node, intra_bandwidth_Bps=self.intra_bandwidth_Bps,
+                   intra_latency_s=self.intra_latency_s) if self.two_level else {}
+        return emulated_link(bandwidth_Bps=self.bandwidth_Bps or 1e9, latency_s=self.latency_s,
+                             **two)  # type: ignore[arg-type]
+
+    @property
     def network_label(self) -> str:
         if self.bandwidth_Bps is None:
             return "no emulation (loopback gloo)"
-        return f"emulated {self.bandwidth_Bps / 1e6:g} MB/s, {self.latency_s * 1e6:g} us"
+        link = f"{self.bandwidth_Bps / 1e6:g} MB/s, {self.latency_s * 1e6:g} us"
+        if not self.two_level:
+            return f"emulated {link}"
+        return (f"emulated {self.world_size // self.ranks_per_node} nodes x "
+                f"{self.ranks_per_node}: {link} between nodes, "
+                f"{self.intra_bandwidth_Bps / 1e6:g} MB/s, {self.intra_latency_s * 1e6:g} us "
+                f"inside")
 
 
 @dataclass
@@ -170,6 +215,8 @@ class SchemeResult:
     plan: ShardingPlan | None = None
     intercepted: dict[str, Any] | None = None
     note: str = ""
+    # per step, the most bytes any one rank sends across nodes (all of them on a flat link)
+    busiest_inter_node_bytes_per_step: float = 0.0
 
     @property
     def median_s(self) -> float:
@@ -222,7 +269,8 @@ class BenchResult:
         table = Table(title=f"DLRM schemes, {c.world_size} gloo ranks, global batch "
                       f"{c.batch_size}, {c.network_label} (wall-clock, emulated network)")
         for name in ("scheme", "ms/step", "x row_dedup", "x table_pooled", "K hot",
-                     "busiest KB/step", "by phase (busiest rank, KB/step)", "final loss"):
+                     "busiest KB/step", "across nodes KB/step",
+                     "by phase (busiest rank, KB/step)", "final loss"):
             table.add_column(name)
         vs_dedup, vs_table = self.speedups("row_dedup"), self.speedups("table_pooled")
         for s in self.schemes:
@@ -232,7 +280,9 @@ class BenchResult:
             table.add_row(s.name, f"{s.median_s * 1e3:.2f}",
                           f"{vs_dedup[s.name]:.3f}" if s.name in vs_dedup else "-",
                           f"{vs_table[s.name]:.3f}" if s.name in vs_table else "-",
-                          str(s.hot_rows), f"{s.busiest_bytes_per_step / 1e3:.1f}", phases,
+                          str(s.hot_rows), f"{s.busiest_bytes_per_step / 1e3:.1f}",
+                          ("-" if s.intercepted is not None
+                           else f"{s.busiest_inter_node_bytes_per_step / 1e3:.1f}"), phases,
                           f"{s.final_loss:.4f}")
         console.print(table)
         if self.hot_reason:
@@ -243,8 +293,6 @@ class BenchResult:
 
 def _plans(config: BenchConfig, data: DataConfig, model: ModelConfig,
            dense_params: int, touched: bool) -> tuple[dict[str, ShardingPlan], str]:
-    from furnace.runtime.presets import emulated_link
-
     from .data import SyntheticClickLog, access_counts
     from .perfmodel import ClusterModel
     from .plan import choose_hot_set, make_plan, profile_probabilities, ranked_rows
@@ -256,8 +304,6 @@ def _plans(config: BenchConfig, data: DataConfig, model: ModelConfig,
         log = SyntheticClickLog(data)
         counts = access_counts(log.batches(config.batch_size, PROFILE_BATCHES), data.table_rows)
         base = make_plan("row", table_rows=data.table_rows, world_size=w)
-        link = emulated_link(bandwidth_Bps=config.bandwidth_Bps or 1e9,
-                             latency_s=config.latency_s)
         probabilities = profile_probabilities(counts, data.table_rows)
         if config.hot_rows is not None:
             forced = ranked_rows(probabilities)[:config.hot_rows]
@@ -267,7 +313,7 @@ def _plans(config: BenchConfig, data: DataConfig, model: ModelConfig,
         choice = choose_hot_set(
             probabilities, plan_base=base,
             batch_size_per_rank=config.batch_size // w, embedding_dim=model.embedding_dim,
-            cluster=ClusterModel.from_topology(link, w),
+            cluster=ClusterModel.from_topology(config.topology(), w),
             memory_budget_bytes=config.hot_budget_mib * 2**20, optimizer=config.optimizer,
             bag_size=config.bag_size, element_bytes=4, dense_param_count=dense_params,
             touched_counts=touched, fuse_allreduce=True, overlap=True)
@@ -280,8 +326,8 @@ def _plans(config: BenchConfig, data: DataConfig, model: ModelConfig,
 def _worker(rank: int, world_size: int, config: BenchConfig) -> dict[str, Any]:
     from furnace.runtime.comm import CommLog
     from furnace.runtime.netem import NetworkEmulation, NetworkEmulator
-    from furnace.runtime.presets import emulated_link
     from furnace.runtime.timing import round_robin
+    from furnace.runtime.twolevel import LevelCounter
 
     from .data import SyntheticClickLog
     from .engine import ShardedTrainer, needs_touched_counts
@@ -296,10 +342,10 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> dict[str, Any]:
     def network() -> Any:
         if config.bandwidth_Bps is None:
             return None
-        link = emulated_link(bandwidth_Bps=config.bandwidth_Bps, latency_s=config.latency_s)
-        return NetworkEmulator(NetworkEmulation(topology=link, mode="sleep"))
+        return NetworkEmulator(NetworkEmulation(topology=config.topology(), mode="sleep"))
 
     trainers: dict[str, Any] = {}
+    counters: dict[str, LevelCounter] = {}
     engines: dict[str, EngineConfig] = {}
     for scheme in config.schemes:
         engines[scheme] = EngineConfig(scheme=scheme)
@@ -308,10 +354,16 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> dict[str, Any]:
             # latency-bound link (FasterMoE's trade-off); the engine tests cover them
             engines[SCHEDULED] = EngineConfig("hybrid", prefetch=True, overlap=True,
                                               fuse_allreduce=True)
+    if "hybrid" in config.schemes and "row_dedup" in config.schemes:
+        engines[SCHEDULED_BASELINE] = EngineConfig("row_dedup", prefetch=True, overlap=True,
+                                                   fuse_allreduce=True)
     for name, engine in engines.items():
+        counters[name] = LevelCounter(config.topology(), by="group")
         trainers[name] = ShardedTrainer(data, model, optim, plans[engine.scheme], engine,
                                         seed=config.seed, dtype=torch.float32,
-                                        network=network(), log=CommLog())
+                                        network=network(), log=CommLog(),
+                                        ranks_per_node=config.ranks_per_node,
+                                        on_traffic=counters[name])
     notes = []
     ok, message = available()
     if config.torchrec and ok:
@@ -352,12 +404,17 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> dict[str, Any]:
         else:
             for rec in trainer.comm_log.records:
                 if rec.group not in EXCLUDED_GROUPS:
-                    per[f"{rec.group}/{rec.rank}"] += int(rec.bytes_sent)
+                    per[f"{rec.group}/{rank}"] += int(rec.bytes_sent)
         logged[name] = dict(per)
-    return {"samples": samples, "bytes": logged, "losses": losses, "notes": notes,
+    inter = {name: sum(levels.get(lvl, 0) for group, levels in counter.bytes.items()
+                       if group not in EXCLUDED_GROUPS for lvl in ("inter_node", "inter_group"))
+             for name, counter in counters.items()}
+    return {"samples": samples, "bytes": logged, "inter": inter, "losses": losses,
+            "notes": notes,
             "reason": reason, "plans": plans,
             "engines": {n: e.scheme + (" scheduled" if e.prefetch else "")
                         for n, e in engines.items()},
+            "plan_of": {n: e.scheme for n, e in engines.items()},
             "intercepted": ({TORCHREC: trainers[TORCHREC].counts.to_dict()}
                             if TORCHREC in trainers else {})}
 
@@ -379,7 +436,7 @@ def run_bench(config: BenchConfig, *, timeout_s: float = 600.0) -> BenchResult:
             phase, rank = key.rsplit("/", 1)
             by_phase[phase] = max(by_phase[phase], b / steps)
             per_rank_total[rank] += b
-        plan = first["plans"].get("hybrid" if name == SCHEDULED else name)
+        plan = first["plans"].get(first["plan_of"].get(name, name))
         results.append(SchemeResult(
             name=name, engine=first["engines"].get(name, "torchrec table-wise"),
             samples_s=list(samples), bytes_by_phase=dict(by_phase),
@@ -387,6 +444,8 @@ def run_bench(config: BenchConfig, *, timeout_s: float = 600.0) -> BenchResult:
             total_bytes_per_step=sum(merged.values()) / steps, bytes_per_rank=merged,
             hot_rows=len(plan.hot_rows) if plan is not None else 0,
             final_loss=first["losses"][name][-1], losses=first["losses"][name], plan=plan,
-            intercepted=first["intercepted"].get(name)))
+            intercepted=first["intercepted"].get(name),
+            busiest_inter_node_bytes_per_step=max(
+                (r["inter"].get(name, 0) for r in per_rank), default=0) / steps))
     return BenchResult(config=config, schemes=results, notes=first["notes"],
                        hot_reason=first["reason"])

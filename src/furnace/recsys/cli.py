@@ -135,6 +135,14 @@ def add_parser(subparsers: Any) -> None:
                        default=100.0, help="emulated link bandwidth per rank, MB/s")
     bench.add_argument("--latency-ms", type=float_in(0.0, 1e3), default=0.2,
                        help="emulated link latency per message, ms")
+    bench.add_argument("--ranks-per-node", type=int_in(1, MAX_LOCAL_RANKS), default=1,
+                       help="ranks sharing a node: above 1 (and below --ranks, dividing it) "
+                       "the machine has two levels, --bandwidth-mbps/--latency-ms become "
+                       "the link between nodes and the all-reduces hierarchical")
+    bench.add_argument("--intra-bandwidth-mbps", type=float_in(0.0, 1e6, lo_open=True),
+                       default=1000.0, help="emulated link inside a node, MB/s (two levels)")
+    bench.add_argument("--intra-latency-ms", type=float_in(0.0, 1e3), default=0.02,
+                       help="emulated latency inside a node, ms (two levels)")
     bench.add_argument("--no-emulation", action="store_true",
                        help="plain gloo loopback, no emulated network")
     bench.add_argument("--no-torchrec", action="store_true",
@@ -176,7 +184,8 @@ def _add_cluster_arguments(parser: argparse.ArgumentParser, *, ranks: int | None
                         help="the cluster the performance model plans for "
                         "(furnace.runtime.presets)")
     parser.add_argument("--ranks-per-node", type=int_in(1, 64), default=8,
-                        help="GPUs per node of that cluster")
+                        help="GPUs per node of that cluster (train: above it, the all-reduces are "
+                        "hierarchical)")
 
 
 def _scheme_list(text: str) -> tuple[str, ...]:
@@ -286,6 +295,8 @@ def _bench(args: argparse.Namespace) -> int:
 
     require(args.batch_size % args.ranks == 0, "--batch-size",
             f"a multiple of --ranks ({args.ranks}), got {args.batch_size}")
+    require(args.ranks % args.ranks_per_node == 0, "--ranks-per-node",
+            f"a divisor of --ranks ({args.ranks}), got {args.ranks_per_node}")
     try:
         config = BenchConfig(
             world_size=args.ranks, schemes=args.schemes, steps=args.steps, warmup=args.warmup,
@@ -294,7 +305,10 @@ def _bench(args: argparse.Namespace) -> int:
             interaction=args.interaction, optimizer=args.optimizer,
             hot_budget_mib=args.hot_budget_mib,
             bandwidth_Bps=None if args.no_emulation else args.bandwidth_mbps * 1e6,
-            latency_s=args.latency_ms * 1e-3, torchrec=not args.no_torchrec)
+            latency_s=args.latency_ms * 1e-3, torchrec=not args.no_torchrec,
+            ranks_per_node=args.ranks_per_node,
+            intra_bandwidth_Bps=args.intra_bandwidth_mbps * 1e6,
+            intra_latency_s=args.intra_latency_ms * 1e-3)
     except ConfigFieldError as exc:
         raise _config_error(exc) from None
     console = Console(width=max(Console().width, 140))

@@ -180,7 +180,8 @@ class EngineConfig:
 
     Attributes:
         scheme: one of `SCHEMES`.
-        prefetch: post the next batch's ID exchange (and its split counts) during this step;
+        prefetch: post the next batch's ID exchange (and its split counts) before this step's
+            backward, so it runs behind it;
             IDs do not depend on weights (Sec. 2.5.1).
         overlap: post the vector exchange asynchronously and run the hot lookups and the
             bottom MLP while it flies; post the cold-gradient exchange before the dense

@@ -13,7 +13,9 @@ One step of the row-sharded schemes (row, row_dedup, hybrid), on every rank:
      when deduplicated; owners apply the sparse optimizer to every row any rank touched;
   5. the hot rows' gradients (and, when weight decay needs them, touched counts) and the
      dense gradients are all-reduced ("hot_allreduce", "dense_allreduce", or one "allreduce"
-     when fused), and every replica applies the same update.
+     when fused), and every replica applies the same update. With ``ranks_per_node``
+     making two levels of the world, each all-reduce is hierarchical (reduce-scatter in the
+     node, all-reduce across nodes, all-gather in the node; `runtime.twolevel`).
 table_pooled is the DLRM reference's baseline: whole tables per rank, every rank reads the
 global batch's IDs of its own tables (no ID exchange) and sends each sample's owner one
 pooled vector per table ("vectors"); the pooled gradients come back ("grads").
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from furnace.runtime.comm import CommHandle, CommLog, Communicator
+from furnace.runtime.twolevel import HierarchicalAllReduce, two_level_groups
 
 from .batch import Batch
 from .config import DataConfig, EngineConfig, ModelConfig, OptimizerConfig, PlanError, ShardingPlan
@@ -41,6 +44,16 @@ from .optim import dense_step, new_state, sparse_step
 __all__ = ["PHASES", "ShardedTrainer", "needs_touched_counts"]
 
 PHASES = ("splits", "ids", "vectors", "grads", "dense_allreduce", "hot_allreduce", "allreduce")
+ALL_REDUCE_PHASES = ("dense_allreduce", "hot_allreduce", "allreduce")
+
+
+def _two_level(ranks_per_node: int, world_size: int) -> bool:
+    """Whether ``ranks_per_node`` makes a two-level machine of the world (else one ring)."""
+    if not (isinstance(ranks_per_node, int) and not isinstance(ranks_per_node, bool)
+            and ranks_per_node >= 1 and world_size % min(ranks_per_node, world_size) == 0):
+        raise PlanError("ranks_per_node", f"must be an integer >= 1 that divides the "
+                        f"{world_size} ranks, got {ranks_per_node!r}")
+    return 1 < ranks_per_node < world_size
 
 
 def needs_touched_counts(optim: OptimizerConfig) -> bool:
@@ -73,7 +86,8 @@ class ShardedTrainer:
     def __init__(self, data: DataConfig, model: ModelConfig, optim: OptimizerConfig,
                  plan: ShardingPlan, engine: EngineConfig, *, seed: int = 0,
                  dtype: torch.dtype = torch.float64, network: Any = None,
-                 log: CommLog | None = None) -> None:
+                 log: CommLog | None = None, ranks_per_node: int = 1,
+                 on_traffic: Any = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ShardedTrainer needs an initialized process group")
         self.world_size = dist.get_world_size()
@@ -106,8 +120,18 @@ class ShardedTrainer:
         self.all_hot = len(plan.hot_rows) == plan.total_rows
         self.counts = needs_touched_counts(optim)
         self.comm_log = log if log is not None else CommLog()
-        self._comm = {name: Communicator(log=self.comm_log, network=network, name=name)
-                      for name in PHASES}
+        self._comm: dict[str, Any] = {
+            name: Communicator(log=self.comm_log, network=network, name=name,
+                               on_traffic=on_traffic) for name in PHASES}
+        self.hierarchical = _two_level(ranks_per_node, self.world_size)
+        if self.hierarchical:
+            # on a two-level machine the all-reduces go node, then across nodes, then node:
+            # what makes a replicated row cheaper than a sharded one (design note Sec. 2.4)
+            node, cross = two_level_groups(ranks_per_node)
+            for name in ALL_REDUCE_PHASES:
+                self._comm[name] = HierarchicalAllReduce(
+                    node, cross, log=self.comm_log, network=network, name=name,
+                    on_traffic=on_traffic)
         self._metrics = Communicator(name="metrics")
         self._gather = Communicator(name="gather")
         self._prefetched: tuple[Batch, _Requests] | None = None
@@ -176,19 +200,15 @@ class ShardedTrainer:
 
     def step(self, batch: Batch, upcoming: Batch | None = None) -> float:
         """One step on the global ``batch``; returns its mean loss before the update. With
-        ``prefetch``, ``upcoming``'s ID exchange is posted at the end of this step."""
+        ``prefetch``, ``upcoming``'s ID exchange is posted before this step's backward."""
         if self.batch_size is None:
             self.batch_size = batch.batch_size
         local = batch.local(self.rank, self.world_size).to(self.dtype)
         if self.engine.scheme == "table_pooled":
             loss, hot_grad, touched = self._table_pooled_step(batch, local)
         else:
-            loss, hot_grad, touched = self._row_step(batch, local)
+            loss, hot_grad, touched = self._row_step(batch, local, upcoming)
         self._all_reduce_and_update(hot_grad, touched)
-        if self.engine.prefetch and upcoming is not None and not self.all_hot \
-                and self.engine.scheme != "table_pooled":
-            self._prefetched = (upcoming, self._requests(
-                upcoming.local(self.rank, self.world_size)))
         total = loss.detach().clone()
         self._metrics.all_reduce(total)
         return float(total)
@@ -199,7 +219,7 @@ class ShardedTrainer:
         logits = self.model.top(self.model.interact(bottom, pooled)).squeeze(1)
         return bce_loss(logits, local.labels, total=batch_size)
 
-    def _row_step(self, batch: Batch, local: Batch
+    def _row_step(self, batch: Batch, local: Batch, upcoming: Batch | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         d = self.shard.shape[1]
         gids = local.global_ids(self.plan.table_offsets)
@@ -238,6 +258,11 @@ class ShardedTrainer:
                                dim=1)
 
         loss = self._dense_loss(local, pooled_of, batch.batch_size)
+        if self.engine.prefetch and upcoming is not None and not self.all_hot:
+            # the next batch's IDs do not depend on the weights: exchange them while this
+            # step's backward runs
+            self._prefetched = (upcoming, self._requests(
+                upcoming.local(self.rank, self.world_size)))
         loss.backward()  # type: ignore[no-untyped-call]
         assert cold_leaf is not None
         grad_handle = None

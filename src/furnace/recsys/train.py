@@ -63,7 +63,8 @@ class RecsysTrainConfig:
         lr, dense_lr: learning rates of the rows and of the MLPs.
         hot_budget_mib: memory per rank the hot replicas (weights and optimizer state) may use.
         preset: the cluster the performance model plans for (`furnace.runtime.presets`).
-        ranks_per_node: that cluster's ranks per node.
+        ranks_per_node: that cluster's ranks per node; on more ranks than one node holds, the
+            engine's all-reduces are hierarchical (node, across nodes, node).
         data: a Criteo TSV file instead of synthetic data (None: synthetic).
         data_format: "hashed" (Criteo's hex categories, hashed into ``rows_per_table``) or
             "indexed" (categories already row indices below ``rows_per_table``).
@@ -244,7 +245,8 @@ def train_rank(config: RecsysTrainConfig, *, progress: Any = None) -> RecsysTrai
     data, train, held_out = load_batches(config)
     plan, reason = _plan(config, data, train)
     trainer = ShardedTrainer(data, config.model_config(), config.optimizer_config(), plan,
-                             config.engine_config(), seed=config.seed)
+                             config.engine_config(), seed=config.seed,
+                             ranks_per_node=min(config.ranks_per_node, config.world_size))
     result = RecsysTrainResult(hot_rows=len(plan.hot_rows), hot_reason=reason,
                                world_size=config.world_size, rank=dist.get_rank())
     start = time.perf_counter()
@@ -255,12 +257,17 @@ def train_rank(config: RecsysTrainConfig, *, progress: Any = None) -> RecsysTrai
         if progress is not None:
             progress(step + 1, {"loss": float(loss)})
     result.seconds = time.perf_counter() - start
+    # a record's rank is its group's (a node or cross-node group on two levels): sum this
+    # rank's own records, then gather the sums
+    mine = torch.tensor([float(sum(r.bytes_sent for r in trainer.comm_log.records))],
+                        dtype=torch.float64)
+    gathered = [torch.zeros_like(mine) for _ in range(config.world_size)]
+    dist.all_gather(gathered, mine)
+    per_rank = [float(g) for g in gathered]
     log = trainer.comm_log.gather()
     per_phase: dict[str, float] = {}
-    per_rank = [0.0] * config.world_size
     for record in log.records:
         per_phase[record.group] = per_phase.get(record.group, 0.0) + record.bytes_sent
-        per_rank[record.rank] += record.bytes_sent
     result.bytes_per_step = {k: v / config.steps for k, v in per_phase.items()}
     result.busiest_rank_bytes_per_step = max(per_rank) / config.steps
     params = trainer.full_parameters()

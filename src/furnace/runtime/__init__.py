@@ -6,6 +6,7 @@
 - `timing`: the timing harness (warm-up, repeats, min/median/max, threads, child peak memory).
 - `training`: the LM training loop (AdamW, schedule, clipping, checkpoints, forked RNG).
 - `topology`, `presets`: devices, links, machines, with cited constants.
+- `twolevel`: the hierarchical all-reduce and per-link-level byte counts.
 - `netem`: network emulation by sleeping, or a deterministic virtual clock.
 - `simulator`: a discrete-event engine with makespan, critical path and Chrome traces.
 - `reproduce`: the `furnace reproduce` registry and report writer.
@@ -35,6 +36,8 @@ _WHERE = {
     "Timeline": "simulator",
     "Device": "topology", "Link": "topology", "Topology": "topology",
     "balance_matched": "topology",
+    "HierarchicalAllReduce": "twolevel", "LevelCounter": "twolevel",
+    "hierarchical_all_reduce_bytes": "twolevel", "two_level_groups": "twolevel",
 }
 
 
@@ -78,6 +81,12 @@ if TYPE_CHECKING:
     from .timing import Timing, round_robin, time_call, torch_threads
     from .topology import Device, Link, Topology, balance_matched
     from .training import TrainLoopConfig, TrainResult, train_loop
+    from .twolevel import (
+        HierarchicalAllReduce,
+        LevelCounter,
+        hierarchical_all_reduce_bytes,
+        two_level_groups,
+    )
 
 __all__ = [
     "PRESETS",
@@ -88,6 +97,8 @@ __all__ = [
     "Device",
     "DistributedContext",
     "DistributedError",
+    "HierarchicalAllReduce",
+    "LevelCounter",
     "Link",
     "NetworkEmulation",
     "NetworkEmulator",
@@ -109,6 +120,7 @@ __all__ = [
     "emulated_link",
     "get_preset",
     "group_collective_time",
+    "hierarchical_all_reduce_bytes",
     "hierarchical_all_reduce_time",
     "init_from_env",
     "link_time",
@@ -120,4 +132,5 @@ __all__ = [
     "traffic",
     "traffic_time",
     "train_loop",
+    "two_level_groups",
 ]

@@ -251,17 +251,26 @@ def emulated_link(
     bandwidth_Bps: float,
     latency_s: float = 0.0,
     ranks_per_node: int = 1,
+    intra_bandwidth_Bps: float | None = None,
+    intra_latency_s: float | None = None,
     device: Device | None = None,
     name: str = "emulated-link",
 ) -> Topology:
-    """A flat machine with one slow link class, for emulator tests and experiments.
+    """A machine with one slow link class, for emulator tests and experiments.
 
     Every rank is its own node unless ``ranks_per_node`` says otherwise, so all traffic
-    crosses the given link. The device defaults to a nominal 10 GFLOP/s core, which
-    only the virtual clock reads.
+    crosses the given link. With ``intra_bandwidth_Bps`` (and ``intra_latency_s``,
+    default ``latency_s``), ranks of one node talk over that link instead: a two-level
+    machine whose inter-node link is ``bandwidth_Bps``. The device defaults to a nominal
+    10 GFLOP/s core, which only the virtual clock reads.
     """
     link = Link(name=f"emulated {bandwidth_Bps / 1e6:g} MB/s", latency_s=latency_s,
                 bandwidth_Bps=bandwidth_Bps)
+    intra = link
+    if intra_bandwidth_Bps is not None:
+        intra = Link(name=f"emulated {intra_bandwidth_Bps / 1e6:g} MB/s in the node",
+                     latency_s=latency_s if intra_latency_s is None else intra_latency_s,
+                     bandwidth_Bps=intra_bandwidth_Bps)
     return Topology(
         name=name,
         device=device
@@ -272,7 +281,7 @@ def emulated_link(
             memory_bandwidth_Bps=10 * GB,
         ),
         ranks_per_node=ranks_per_node,
-        intra_node=link,
+        intra_node=intra,
         inter_node=link,
         source="a synthetic link for emulation",
     )
