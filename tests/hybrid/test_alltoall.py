@@ -93,6 +93,8 @@ def _results(world_size: int, ranks_per_node: int) -> list[dict]:
     return run_distributed(_rank_body, world_size, ranks_per_node, virtual, timeout_s=90)
 
 
+# exact data movement (torch.equal) on ranks that pin one thread each (run_distributed)
+@pytest.mark.thread_independent
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("world_size", "ranks_per_node"), LAYOUTS)
 def test_hierarchical_equals_flat_all_to_all_single(world_size, ranks_per_node):
@@ -110,6 +112,7 @@ def test_hierarchical_equals_flat_all_to_all_single(world_size, ranks_per_node):
         assert rows[:, 0].tolist() == sorted(rows[:, 0].tolist())
 
 
+@pytest.mark.thread_independent  # byte counts from the same one-thread spawn as above
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("world_size", "ranks_per_node"), LAYOUTS)
 def test_logged_traffic_per_level_equals_closed_form(world_size, ranks_per_node):
@@ -151,6 +154,7 @@ def test_model_crossover_solves_the_two_times():
     assert model_crossover_bytes(topo.replace(nodes_per_group=None), 8) is None
 
 
+@pytest.mark.thread_independent  # virtual-clock times, from the same spawn
 @pytest.mark.timeout(120)
 def test_virtual_clock_hierarchical_wins_below_crossover_only():
     config, below, above = _virtual_config()

@@ -113,6 +113,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+# process-group hygiene at exit (return codes, stderr), not numerics: threads change nothing
+@pytest.mark.thread_independent
 @pytest.mark.timeout(240)
 def test_torchrun_bench_exits_cleanly_five_times(tmp_path):
     # a rank that exits while its process group is alive can abort with "terminate called

@@ -26,12 +26,15 @@ fabric replication only pays for rows nearly every rank touches every iteration
 measured byte counters and emulated wall-clock times; `experiments.py` wires the real
 measurements in. The ``*_table`` helpers render results as `reproduce.Table`.
 
-What the model says for one-hot Criteo-like batches on the H100 preset (simulated): the
-planner mostly declines replication. A separate hot all-reduce pays ``2(W-1)`` latency
-steps that outweigh the small deduplicated all-to-all, and with the schedule the
-all-to-all already hides behind the dense compute; dedup and overlap carry the speedup.
-`crossover` shows the regimes where replication pays (a heavy exchange over several nodes,
-all-reduce fused) and the flat fabric where it loses.
+What the model says on the H100 preset (simulated): for one-hot Criteo-like batches the
+planner replicates little, and dedup carries most of the speedup over table_pooled; with
+multi-hot bags (the measured setting's) the exchange is heavier and replication of the rows
+most ranks touch pays across nodes, where the hierarchical all-reduce is cheaper per byte
+than the all-to-all. With the schedule only the prefetched ID exchange hides behind compute
+(`perfmodel.iteration_time`); a separate hot all-reduce pays ``2(W-1)``-ish latency steps,
+which the fused one avoids. `crossover` shows the regimes where replication pays and the
+flat fabric where it loses. `experiments.py` checks the model's step times against emulated
+runs at 4 and 8 ranks before it projects.
 """
 
 from __future__ import annotations
