@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from furnace.runtime.twolevel import hierarchical_all_reduce_bytes
+from furnace.runtime.comm import traffic
+from furnace.runtime.twolevel import hierarchical_all_reduce_bytes, is_two_level
 
 from .batch import Batch
 from .config import EngineConfig, ShardingPlan
@@ -30,14 +31,15 @@ def all_reduce_bytes(num_elements: int, element_bytes: int, world_size: int, *,
     world spans nodes)."""
     if world_size == 1:
         return 0
-    if 1 < ranks_per_node < world_size:
+    if is_two_level(ranks_per_node, world_size):
         inside, across = hierarchical_all_reduce_bytes(
             num_elements, element_bytes, ranks_per_node=ranks_per_node,
             num_nodes=world_size // ranks_per_node)
         return across if inter_node_only else inside + across
     if inter_node_only and ranks_per_node >= world_size:
         return 0
-    return 2 * (world_size - 1) * num_elements * element_bytes // world_size
+    return traffic("all_reduce", rank=0, world_size=world_size,
+                   nbytes=num_elements * element_bytes).bytes_sent
 
 
 def request_matrix(batch: Batch, plan: ShardingPlan, *, dedup: bool) -> torch.Tensor:

@@ -173,7 +173,9 @@ class BenchConfig:
 
     @property
     def two_level(self) -> bool:
-        return 1 < self.ranks_per_node < self.world_size
+        from furnace.runtime.twolevel import is_two_level
+
+        return is_two_level(self.ranks_per_node, self.world_size)
 
     def topology(self) -> Any:
         """The emulated machine (the planner's too; a nominal 1 GB/s link without one)."""
@@ -406,8 +408,9 @@ def _worker(rank: int, world_size: int, config: BenchConfig) -> dict[str, Any]:
                 if rec.group not in EXCLUDED_GROUPS:
                     per[f"{rec.group}/{rank}"] += int(rec.bytes_sent)
         logged[name] = dict(per)
-    inter = {name: sum(levels.get(lvl, 0) for group, levels in counter.bytes.items()
-                       if group not in EXCLUDED_GROUPS for lvl in ("inter_node", "inter_group"))
+    # the counters watch only the training phases' communicators, not metrics or gather
+    inter = {name: sum(levels.get(lvl, 0) for levels in counter.bytes.values()
+                       for lvl in ("inter_node", "inter_group"))
              for name, counter in counters.items()}
     return {"samples": samples, "bytes": logged, "inter": inter, "losses": losses,
             "notes": notes,

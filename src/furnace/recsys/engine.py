@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from furnace.runtime.comm import CommHandle, CommLog, Communicator
-from furnace.runtime.twolevel import HierarchicalAllReduce, two_level_groups
+from furnace.runtime.twolevel import HierarchicalAllReduce, is_two_level, two_level_groups
 
 from .batch import Batch
 from .config import DataConfig, EngineConfig, ModelConfig, OptimizerConfig, PlanError, ShardingPlan
@@ -53,7 +53,7 @@ def _two_level(ranks_per_node: int, world_size: int) -> bool:
             and ranks_per_node >= 1 and world_size % min(ranks_per_node, world_size) == 0):
         raise PlanError("ranks_per_node", f"must be an integer >= 1 that divides the "
                         f"{world_size} ranks, got {ranks_per_node!r}")
-    return 1 < ranks_per_node < world_size
+    return is_two_level(ranks_per_node, world_size)
 
 
 def needs_touched_counts(optim: OptimizerConfig) -> bool:

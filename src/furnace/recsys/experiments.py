@@ -75,11 +75,8 @@ def _hybrid_hot_rows(config: Any) -> tuple[tuple[int, ...], str]:
     """The planner's hot set for ``config`` (as `bench` plans it) and its reason."""
     from .bench import _plans
     from .engine import needs_touched_counts
-    from .model import dense_parameter_count
 
-    data, model = config.data(), config.model()
-    plans, reason = _plans(config, data, model,
-                           dense_parameter_count(model, data.num_dense, data.num_tables),
+    plans, reason = _plans(config, config.data(), config.model(), _dense_params(config),
                            needs_touched_counts(config.optim()))
     return plans["hybrid"].hot_rows, reason
 
@@ -172,6 +169,22 @@ def traffic(ctx: RunContext) -> Result:
                             hybrid_across < dedup_across))
     figure = _traffic_figure(ctx, found, skews)
     return Result(tables=[table], figures=[figure], claims=claims)
+
+
+def _expected_bytes(config: Any, plan: Any, scheme: str, *,
+                    fuse_allreduce: bool = False) -> dict[str, np.ndarray]:
+    """The performance model's expected bytes per phase and rank for a bench ``config``."""
+    from .data import SyntheticClickLog
+    from .engine import needs_touched_counts
+    from .perfmodel import expected_phase_bytes
+
+    data = config.data()
+    return expected_phase_bytes(
+        SyntheticClickLog(data).probabilities(), plan=plan, scheme=scheme,
+        batch_size_per_rank=config.batch_size // config.world_size,
+        embedding_dim=config.embedding_dim, bag_size=data.bag_size,
+        dense_param_count=_dense_params(config),
+        touched_counts=needs_touched_counts(config.optim()), fuse_allreduce=fuse_allreduce)
 
 
 def _dense_params(config: Any) -> int:
@@ -283,14 +296,10 @@ def _measured_table(title: str, result: Any, kind: str, note: str) -> Table:
 def _validate_bytes(config: Any, result: Any) -> tuple[list[Table], Claim]:
     """The performance model's expected bytes against the CommLog of the measured run, for
     every scheme without replication (their plans do not depend on the profile)."""
-    from .data import SyntheticClickLog
-    from .model import dense_parameter_count
-    from .perfmodel import expected_phase_bytes
     from .plan import make_plan
     from .simulate import bytes_validation_table, validate_bytes
 
-    data, model = config.data(), config.model()
-    probabilities = SyntheticClickLog(data).probabilities()
+    data = config.data()
     tables, worst = [], 0.0
     ran = {v.name for v in result.schemes}
     for scheme in (s for s in ("table_pooled", "row", "row_dedup") if s in ran):
@@ -299,11 +308,7 @@ def _validate_bytes(config: Any, result: Any) -> tuple[list[Table], Claim]:
             phase, rank = key.rsplit("/", 1)
             measured_bytes[phase, int(rank)] = b / config.total_steps
         plan = make_plan(scheme, table_rows=data.table_rows, world_size=config.world_size)
-        predicted = expected_phase_bytes(
-            probabilities, plan=plan, scheme=scheme,
-            batch_size_per_rank=config.batch_size // config.world_size,
-            embedding_dim=model.embedding_dim, bag_size=data.bag_size,
-            dense_param_count=dense_parameter_count(model, data.num_dense, data.num_tables))
+        predicted = _expected_bytes(config, plan, scheme)
         validation = validate_bytes(measured_bytes, predicted, tolerance=0.05)
         worst = max(worst, validation.max_relative_error)
         tables.append(bytes_validation_table(
@@ -363,25 +368,17 @@ def _noise(result: Any, name: str, baseline: str) -> float:
 def _time_validation(runs: dict[str, Any]) -> Any:
     """Emulated step times against the performance model, with each scheme's loopback step
     time as its compute term (`simulate.validate_times`)."""
-    from .data import SyntheticClickLog
-    from .engine import needs_touched_counts
-    from .perfmodel import ClusterModel, expected_phase_bytes, iteration_time
+    from .perfmodel import ClusterModel, iteration_time
     from .simulate import validate_times
 
     config, main, base = runs["config"], runs["main"], runs["base"]
-    data = config.data()
-    probabilities = SyntheticClickLog(data).probabilities()
     cluster = ClusterModel.from_topology(config.topology(), config.world_size)
     measured_s, modelled_s = {}, {}
     for v in main.schemes:
         scheduled = v.engine.endswith("scheduled")
         assert v.plan is not None
-        phases = expected_phase_bytes(
-            probabilities, plan=v.plan, scheme=v.engine.split()[0],
-            batch_size_per_rank=config.batch_size // config.world_size,
-            embedding_dim=config.embedding_dim, bag_size=data.bag_size,
-            dense_param_count=_dense_params(config),
-            touched_counts=needs_touched_counts(config.optim()), fuse_allreduce=scheduled)
+        phases = _expected_bytes(config, v.plan, v.engine.split()[0],
+                                 fuse_allreduce=scheduled)
         measured_s[v.name] = v.median_s
         modelled_s[v.name] = iteration_time(phases, cluster,
                                             compute_s=base.scheme(v.name).median_s,

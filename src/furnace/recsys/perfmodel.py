@@ -195,25 +195,21 @@ def phase_times(phase_bytes: dict[str, np.ndarray], cluster: ClusterModel) -> di
 
 
 def iteration_time(phase_bytes: dict[str, np.ndarray], cluster: ClusterModel, *,
-                   compute_s: float = 0.0, overlap: bool = False,
-                   overlappable_s: float = 0.0) -> float:
+                   compute_s: float = 0.0, overlap: bool = False) -> float:
     """Critical path of one iteration: compute plus every phase in turn.
 
     With ``overlap`` (the engine's schedule, design note Sec. 2.5), what the engine really
     runs concurrently is taken off the path, and nothing else: the next batch's ID
-    exchange ("splits", "ids") runs behind this step's backward, i.e. behind the compute
-    other than ``overlappable_s``; the vector exchange behind ``overlappable_s`` (the
-    bottom MLP and the hot lookups, which run while the vectors fly). The gradient exchange
-    and the all-reduces share one link with each other (a FIFO per rank, as the emulator
-    and a NIC keep it), so posting them together saves no time and they stay on the path.
+    exchange ("splits", "ids") runs behind this step's compute (posted before the
+    backward). The vector exchange flies only while the bottom MLP and the hot lookups run,
+    which is small next to it and not credited. The gradient exchange and the all-reduces
+    share one link with each other (a FIFO per rank, as the emulator and a NIC keep it), so
+    posting them together saves no time and they stay on the path.
     """
     times = phase_times(phase_bytes, cluster)
     ids = times.get("splits", 0.0) + times.get("ids", 0.0)
     vectors = times.get("vectors", 0.0)
     rest = sum(t for ph, t in times.items() if ph not in ("splits", "ids", "vectors"))
     if overlap:
-        hidden_vectors = min(max(overlappable_s, 0.0), compute_s)
-        behind_backward = compute_s - hidden_vectors
-        return (compute_s + max(0.0, ids - behind_backward)
-                + max(0.0, vectors - hidden_vectors) + rest)
+        return compute_s + max(0.0, ids - compute_s) + vectors + rest
     return compute_s + ids + vectors + rest

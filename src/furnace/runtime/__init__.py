@@ -37,7 +37,8 @@ _WHERE = {
     "Device": "topology", "Link": "topology", "Topology": "topology",
     "balance_matched": "topology",
     "HierarchicalAllReduce": "twolevel", "LevelCounter": "twolevel",
-    "hierarchical_all_reduce_bytes": "twolevel", "two_level_groups": "twolevel",
+    "hierarchical_all_reduce_bytes": "twolevel", "is_two_level": "twolevel",
+    "two_level_groups": "twolevel",
 }
 
 
@@ -85,6 +86,7 @@ if TYPE_CHECKING:
         HierarchicalAllReduce,
         LevelCounter,
         hierarchical_all_reduce_bytes,
+        is_two_level,
         two_level_groups,
     )
 
@@ -123,6 +125,7 @@ __all__ = [
     "hierarchical_all_reduce_bytes",
     "hierarchical_all_reduce_time",
     "init_from_env",
+    "is_two_level",
     "link_time",
     "roofline_time",
     "round_robin",

@@ -31,7 +31,13 @@ if TYPE_CHECKING:
     from .topology import LinkLevel, Topology
 
 __all__ = ["HierarchicalAllReduce", "LevelCounter", "hierarchical_all_reduce_bytes",
-           "two_level_groups"]
+           "is_two_level", "two_level_groups"]
+
+
+def is_two_level(ranks_per_node: int, world_size: int) -> bool:
+    """Whether nodes of ``ranks_per_node`` split ``world_size`` ranks into two levels (more
+    than one node, more than one rank per node); otherwise one flat group."""
+    return 1 < ranks_per_node < world_size
 
 
 def _check_shape(ranks_per_node: int, world_size: int) -> int:
