@@ -61,6 +61,8 @@ BAD_INPUTS: list[tuple[str, list[str]]] = [
     ("bench-batch-not-multiple-of-ranks", ["recsys", "bench", "--ranks", "4",
                                            "--batch-size", "1022"]),
     ("bench-hot-budget-negative", ["recsys", "bench", "--hot-budget-mib", "-3"]),
+    ("train-ranks-per-node-not-dividing", ["recsys", "train", "--ranks", "3",
+                                           "--ranks-per-node", "2", "--batch-size", "96"]),
     ("bench-ranks-per-node-not-dividing", ["recsys", "bench", "--ranks", "4",
                                            "--ranks-per-node", "3"]),
     ("bench-intra-bandwidth-zero", ["recsys", "bench", "--intra-bandwidth-mbps", "0"]),

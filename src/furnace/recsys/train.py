@@ -107,6 +107,10 @@ class RecsysTrainConfig:
         if self.batch_size % self.world_size:
             raise PlanError("batch_size", f"must be a multiple of the {self.world_size} ranks, "
                             f"got {self.batch_size}")
+        if self.world_size % min(self.ranks_per_node, self.world_size):
+            # nodes must split the ranks evenly, for the plan and the hierarchical all-reduce
+            raise PlanError("ranks_per_node", f"must divide the {self.world_size} ranks (or "
+                            f"be at least them), got {self.ranks_per_node}")
         if not (math.isfinite(self.hot_budget_mib) and self.hot_budget_mib >= 0):
             raise PlanError("hot_budget_mib", f"must be >= 0 MiB, got {self.hot_budget_mib!r}")
         if self.data_format not in ("hashed", "indexed"):
