@@ -20,13 +20,16 @@ from furnace.decentralized.simulate import (
     SimConfig,
     SimResult,
     SimulatedDeadlock,
+    calibrate_generator,
     fit_costs,
+    generator_wait,
     replay,
     replay_timeline,
     scaling,
     simulate,
     validate_against,
 )
+from furnace.runtime.cliargs import ConfigFieldError
 
 # pure Python and numpy on a virtual clock: no torch kernels, so nothing here depends on
 # the torch thread count
@@ -258,3 +261,44 @@ def test_validate_against_and_scaling_shape() -> None:
         assert row[key] > 0
     # one slow worker costs allreduce far more than the ready window
     assert row["speedup_vs_allreduce_hetero"] > 2.0
+
+
+def _window_config(roundtrip_s: float) -> SimConfig:
+    return SimConfig(mode="prague", world_size=4,
+                     policy=PolicyConfig("ready_window", group_size=3, window_ms=3.0),
+                     compute_s=0.025, compute_jitter=0.08, model_bytes=153_128,
+                     costs=replace(COSTS, bandwidth_Bps=10e6,
+                                   generator_roundtrip_s=roundtrip_s),
+                     duration_s=1.0)
+
+
+def test_generator_wait_counts_a_round_trip_per_own_group() -> None:
+    # every own group waits at least the round trip: half to reach the generator, half
+    # to notify the members, whatever the window adds
+    for rt in (0.0, 2e-3, 6e-3):
+        r = simulate(_window_config(rt))
+        assert len(r.generator_s) == 4
+        assert generator_wait(r) >= rt
+        assert all(w >= rt * len(own) for w, own in zip(r.generator_s, r.own_groups))
+    static = simulate(replace(_window_config(1e-3),
+                              policy=PolicyConfig("static", grid_rows=2)))
+    assert static.generator_s == (0.0,) * 4 and generator_wait(static) == 0.0
+
+
+def test_calibrate_generator_recovers_the_round_trip_that_made_a_wait() -> None:
+    truth = 4e-3
+    measured = generator_wait(simulate(_window_config(truth)))
+    fitted = calibrate_generator(_window_config(0.0), measured)
+    # the wait it simulates is the measured one (to the bisection's 10 us on the round
+    # trip), and the round trip is near the one that produced it
+    again = generator_wait(simulate(_window_config(fitted.generator_roundtrip_s)))
+    assert again == pytest.approx(measured, rel=0.02)
+    assert fitted.generator_roundtrip_s == pytest.approx(truth, rel=0.15)
+    # a wait below what a free generator gives is a zero round trip; one no round trip
+    # under the bound gives is refused, as is a policy with no generator
+    assert calibrate_generator(_window_config(0.0), 0.0).generator_roundtrip_s == 0.0
+    with pytest.raises(ValueError, match="round trip above"):
+        calibrate_generator(_window_config(0.0), 1.0)
+    with pytest.raises(ConfigFieldError, match="generator policy"):
+        calibrate_generator(replace(_window_config(0.0),
+                                    policy=PolicyConfig("static", grid_rows=2)), 5e-3)

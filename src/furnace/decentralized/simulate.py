@@ -70,8 +70,8 @@ from .config import PolicyConfig
 from .generator import Group, GroupGenerator
 
 __all__ = ["SIM_MODES", "CommCosts", "SimConfig", "SimResult", "SimulatedDeadlock",
-           "fit_costs", "replay", "replay_timeline", "scaling", "simulate",
-           "validate_against"]
+           "calibrate_generator", "fit_costs", "generator_wait", "replay", "replay_timeline",
+           "scaling", "simulate", "validate_against"]
 
 SIM_MODES = ("allreduce", "prague", "adpsgd", "adpsgd_naive")
 # how a static schedule stops: agreed (a stop round min-reduced with the P-Reduce, see
@@ -356,7 +356,9 @@ class SimResult:
     included); ``groups_completed``, ``group_sizes`` (size -> count) and ``conflicts``
     (groups that started later than they were ready because a member was busy with, or
     queued behind, another group); ``compute_s``, ``wait_s`` (compute side blocked on its
-    own group, exchange, lock or all-reduce) and ``comm_s`` (comm side busy) per worker;
+    own group, exchange, lock or all-reduce), ``comm_s`` (comm side busy) and
+    ``generator_s`` (from each request to its group known to the requester, generator
+    policies; `worker.py`'s counter of the same name) per worker;
     ``own_groups`` per worker, the seq of the group that satisfied each of its requests;
     ``group_members`` seq -> members; ``samples`` (time, error, consensus distance);
     ``timeouts`` of naive AD-PSGD (waits for a partner's lock abandoned after
@@ -379,6 +381,7 @@ class SimResult:
     compute_s: tuple[float, ...]
     wait_s: tuple[float, ...]
     comm_s: tuple[float, ...]
+    generator_s: tuple[float, ...]
     requests: tuple[int, ...]
     own_groups: tuple[tuple[int, ...], ...]
     group_members: dict[int, tuple[int, ...]]
@@ -453,7 +456,7 @@ class _SimGroup:
     """A group (prague) or an exchange (AD-PSGD) in flight in the event loop."""
 
     __slots__ = ("active", "available", "deps", "dur", "flag", "group", "idx", "name",
-                 "ready_t", "req_t", "snap", "started")
+                 "ready_t", "req_t", "requested_at", "snap", "started")
 
     def __init__(self, group: Group, name: str, deps: list[str]) -> None:
         self.group = group
@@ -464,6 +467,7 @@ class _SimGroup:
         self.started = False
         self.ready_t = 0.0
         self.req_t = 0.0
+        self.requested_at: dict[int, float] = {}
         self.dur = 0.0
         self.active = -1
         self.flag = math.inf
@@ -533,6 +537,10 @@ class _Engine:
         self.satisfied = [0] * n
         self.own_last: list[str | None] = [None] * n
         self.own_seqs: list[list[int]] = [[] for _ in range(n)]
+        # request -> own group known to the member (generator policies): worker.py's
+        # generator counter, which calibration matches
+        self.request_t: list[list[float]] = [[] for _ in range(n)]
+        self.generator_s = [0.0] * n
         self.queue: list[deque[_SimGroup]] = [deque() for _ in range(n)]
         self.last_comm: list[str | None] = [None] * n
         self.comm_busy = [False] * n
@@ -764,6 +772,7 @@ class _Engine:
     def request(self, i: int, deps: Iterable[str | None]) -> str:
         k = self.requested[i]
         self.requested[i] += 1
+        self.request_t[i].append(self.now)
         name = f"w{i} request {k}"
         self.rec(name, 0.0, "request", deps, ())
         if self.mode == "adpsgd":
@@ -857,14 +866,22 @@ class _Engine:
             self.enqueue(m, sg)
         for o in g.owners:
             self.own_last[o] = name
+            # each request is satisfied by one group, in request order
+            sg.requested_at[o] = self.request_t[o][len(self.own_seqs[o])]
             self.own_seqs[o].append(g.seq)
         if sg.available:
+            self.count_generator(sg)
             self.try_start(sg)
 
     def on_avail(self, sg: _SimGroup) -> None:
         sg.available = True
         sg.ready_t = self.now
+        self.count_generator(sg)
         self.try_start(sg)
+
+    def count_generator(self, sg: _SimGroup) -> None:
+        for o, t in sg.requested_at.items():
+            self.generator_s[o] += self.now - t
 
     def try_start(self, sg: _SimGroup) -> None:
         if sg.started or not sg.available:
@@ -1167,6 +1184,7 @@ class _Engine:
             cyclic_waits=self.cyclic_waits,
             max_exchange_wait_s=self.max_wait, compute_s=tuple(self.compute_busy),
             wait_s=tuple(self.wait_s), comm_s=tuple(self.comm_s),
+            generator_s=tuple(self.generator_s),
             requests=tuple(self.requested),
             own_groups=tuple(tuple(s) for s in self.own_seqs),
             group_members=dict(self.group_members),
@@ -1216,6 +1234,49 @@ def _config_for(config: SimConfig, label: str) -> SimConfig:
         _check(mode == "prague", "measured", f"a policy only after prague, got {label!r}")
         return replace(config, mode=mode, policy=replace(config.policy, name=policy))
     return replace(config, mode=mode)
+
+
+def generator_wait(result: SimResult) -> float:
+    """Mean seconds from a request to its group known to the requester, over every own
+    group of a generator policy's run (`worker.py` counts the same as ``generator_s``)."""
+    groups = sum(len(own) for own in result.own_groups)
+    return sum(result.generator_s) / groups if groups else 0.0
+
+
+def calibrate_generator(config: SimConfig, measured_wait_s: float, *,
+                        upper_s: float = 0.05, tolerance_s: float = 1e-5) -> CommCosts:
+    """``config.costs`` with the generator round trip at which ``config`` simulates the
+    measured mean generator wait per own group (`generator_wait`), found by bisection.
+
+    The idle micro-benchmark's round trip is not what a loaded host gives: there every
+    worker's request, the server's poll, each member's queue write and read are store
+    round trips that queue behind compute threads. A real run's counters see that; this
+    matches the model to them, on a calibration run, before it predicts others. The
+    simulated wait grows with the round trip (half before the window, half after); a
+    measured wait below the zero-round-trip one gives 0, one above ``upper_s`` raises.
+    """
+    _check(config.mode == "prague" and config.policy.name != "static", "config",
+           f"a prague run with a generator policy, got {config.mode}/{config.policy.name}")
+    _check(math.isfinite(measured_wait_s) and measured_wait_s >= 0, "measured_wait_s",
+           f">= 0 seconds, got {measured_wait_s}")
+
+    def wait(rt: float) -> float:
+        costs = replace(config.costs, generator_roundtrip_s=rt)
+        return generator_wait(simulate(replace(config, costs=costs)))
+
+    lo, hi = 0.0, upper_s
+    if wait(lo) >= measured_wait_s:
+        return replace(config.costs, generator_roundtrip_s=0.0)
+    if wait(hi) < measured_wait_s:
+        raise ValueError(f"a generator wait of {measured_wait_s * 1e3:.2f} ms per group needs "
+                         f"a round trip above {upper_s * 1e3:.0f} ms in this model")
+    while hi - lo > tolerance_s:
+        mid = (lo + hi) / 2
+        if wait(mid) < measured_wait_s:
+            lo = mid
+        else:
+            hi = mid
+    return replace(config.costs, generator_roundtrip_s=(lo + hi) / 2)
 
 
 def validate_against(measured: Mapping[str, float], config: SimConfig) -> dict[str, Any]:
