@@ -36,6 +36,10 @@ TARGETS = (0.95, 0.97)
 LR_LOCAL, LR_ALLREDUCE = 0.1, 0.2
 # seeds per comparison (the quick set repeats only the closest one, see _mode_configs)
 REPEATS = 3
+# the full set's bandwidth-bound MLP (1.1M parameters, 4.5 MB a copy): links at 100 MB/s
+# make a copy 45 ms against the same 20 ms of emulated compute
+MLP_LINK_BPS = 100e6
+MLP = "MLP: "
 
 
 def _base(**over: Any) -> RunConfig:
@@ -88,7 +92,16 @@ def _mode_configs(ctx: RunContext, seed: int) -> dict[str, RunConfig]:
     # collectively), since the slow-worker claim compares times to that target
     slow[AR_SLOW] = replace(_slowed(configs["All-Reduce (DDP)"]),
                             stop_at_accuracy=min(TARGETS), duration_s=12.0)
-    return {**configs, **slow}
+    mlp: dict[str, RunConfig] = {}
+    if not ctx.quick and seed == 0:
+        links = HeteroConfig(slow_links=tuple((r, MLP_LINK_BPS) for r in range(WORLD)))
+        for name in ("All-Reduce (DDP)", "Prague static", "AD-PSGD (bipartite)",
+                     "Prague ready-window"):
+            c = replace(configs[name], task="digits_mlp", hetero=links, duration_s=4.0)
+            if name.startswith("All-Reduce"):
+                c = replace(c, stop_at_accuracy=min(TARGETS), duration_s=10.0)
+            mlp[MLP + name] = c
+    return {**configs, **slow, **mlp}
 
 
 def _deadlock_configs(ctx: RunContext) -> dict[str, RunConfig]:
@@ -220,9 +233,18 @@ def time_to_accuracy(ctx: RunContext) -> Result:
     runs = _all_runs(ctx)
     homog = [n for n in runs if not n.endswith(", slow") and ":" not in n]
     slow = [n for n in runs if n.endswith(", slow")]
+    mlp = [n for n in runs if n.startswith(MLP)]
+    cnn = (f"digits CNN (38k parameters), {COMPUTE_MS:g} ms emulated compute per step, every "
+           f"link emulated at {LINK_BPS / 1e6:g} MB/s")
     tables, claims, figures = [], [], []
-    for names, label in ((homog, "equal workers"),
-                         (slow, f"rank {SLOW_RANK} {SLOW_FACTOR:g}x slow")):
+    for names, label, what, fname in (
+            (homog, "equal workers", cnn, "equal"),
+            (slow, f"rank {SLOW_RANK} {SLOW_FACTOR:g}x slow", cnn, "slow"),
+            (mlp, "equal workers, bandwidth-bound", f"digits MLP (1.1M parameters), "
+             f"{COMPUTE_MS:g} ms emulated compute per step, every link emulated at "
+             f"{MLP_LINK_BPS / 1e6:g} MB/s (a copy 45 ms)", "mlp")):
+        if not names:
+            continue
         rows = []
         for name in names:
             rs = runs[name]
@@ -237,9 +259,8 @@ def time_to_accuracy(ctx: RunContext) -> Result:
                          f"{statistics.median(r.breakdown()['sync_wait_s'] for r in rs):.2f}",
                          sum(r.timeouts for r in rs), sum(r.pending_groups for r in rs)])
         tables.append(Table(
-            f"Time to held-out accuracy, {WORLD} gloo ranks, {label}: digits CNN (38k "
-            f"parameters), {COMPUTE_MS:g} ms emulated compute per step, every link emulated "
-            f"at {LINK_BPS / 1e6:g} MB/s (medians over the repeats)",
+            f"Time to held-out accuracy, {WORLD} gloo ranks, {label}: {what} (medians over "
+            "the repeats)",
             ["mode", "repeats", *(f"s to {t:.0%}" for t in TARGETS),
              "steps/s (all workers)", "steps per worker (first)", "final accuracy",
              "compute-thread sync wait s/worker", "timeouts", "pending groups"], rows,
@@ -247,10 +268,10 @@ def time_to_accuracy(ctx: RunContext) -> Result:
             "emulated by sleeping; accuracy is that of the average of the workers' models "
             "on the 297 held-out digits, snapshotted every 50 ms. All-Reduce stops "
             "collectively once its model reaches the target (97% with equal workers, 95% "
-            "with the slow one); '> x' means not reached within the run's x seconds."))
+            "with the slow one and on the MLP); '> x' means not reached within the run's "
+            "x seconds."))
         figures.append(_curve_figure(ctx, runs, names, f"{WORLD} ranks, {label}",
-                                     "decentralized_accuracy_"
-                                     + ("equal" if label == "equal workers" else "slow")))
+                                     f"decentralized_accuracy_{fname}"))
     target = min(TARGETS)
     rw_slow = runs["Prague ready-window, slow"]
     ar_slow = runs[AR_SLOW]
@@ -276,6 +297,15 @@ def time_to_accuracy(ctx: RunContext) -> Result:
         claims.append(Claim(f"equal workers: Prague (static) vs AD-PSGD, time to {t:.0%}",
                             "3.7x", f"{text_ad} (target: > 1x)", "emulated", PAPER,
                             r_ad is not None and r_ad > 1.0))
+    if mlp:
+        target = min(TARGETS)
+        ours = _median_time(runs[MLP + "Prague static"], target)
+        for base in ("All-Reduce (DDP)", "AD-PSGD (bipartite)"):
+            rs = runs[MLP + base]
+            _, text = _speedup(_median_time(rs, target), rs[0].config.duration_s, ours)
+            claims.append(Claim(f"bandwidth-bound MLP, equal workers: Prague (static) vs "
+                                f"{base}, time to {target:.0%}", "-", text, "emulated",
+                                PAPER, None))
     thr = statistics.median(r.throughput for r in static) / statistics.median(
         r.throughput for r in ad)
     claims.append(Claim("equal workers: Prague (static) vs AD-PSGD, throughput", "-",
