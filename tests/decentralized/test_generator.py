@@ -1,7 +1,8 @@
 """The group generator's invariants (design note `prague.md` section 2.3), on the pure
 decision logic: the requester is in its group, no duplicates, every member's queue in
 increasing sequence order, buffered and division groups disjoint, and a request always
-answered (at once, or when the ready window closes).
+answered (at once, or when the ready window closes); and the run config's checks that
+name their field.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import random
 
 import pytest
 
-from furnace.decentralized.config import PolicyConfig
+from furnace.decentralized.config import PolicyConfig, RunConfig
 from furnace.decentralized.generator import Group, GroupGenerator, static_partitions
 from furnace.runtime.cliargs import ConfigFieldError
 
@@ -160,4 +161,14 @@ def test_second_outstanding_request_is_refused() -> None:
 def test_world_checks_name_the_field(policy: PolicyConfig, world: int, field: str) -> None:
     with pytest.raises(ConfigFieldError) as info:
         GroupGenerator(policy, world)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize(("over", "field"), [
+    ({"max_staleness": 0}, "max_staleness"),
+    ({"local_score_every": -1}, "local_score_every"),
+])
+def test_run_config_refuses_and_names_the_field(over: dict[str, int], field: str) -> None:
+    with pytest.raises(ConfigFieldError) as info:
+        RunConfig(**over)
     assert info.value.field == field

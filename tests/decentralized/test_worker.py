@@ -48,12 +48,17 @@ STEPS = 6
 # the models do not depend on timing
 EXACT = {"compute_ms": 0.0, "duration_s": 30.0, "max_steps": STEPS, "timeout_s": 20.0}
 STATIC = PolicyConfig(name="static")
+# every link at 2 MB/s: a CNN copy takes ~75 ms against 2 ms of compute, so a worker
+# allowed to run ahead of its in-flight group (exchange) does so on most steps
+STALE = {**SHORT, "max_staleness": 4, "local_score_every": 1,
+         "hetero": HeteroConfig(slow_links=tuple((r, 2e6) for r in range(4)))}
 
 GROUPS: dict[str, dict[str, RunConfig]] = {
     "baselines": {
         **{mode: RunConfig(mode=mode, **SHORT) for mode in ("allreduce", "dpsgd", "localsgd")},
         "adpsgd": RunConfig(mode="adpsgd", **ADPSGD),
         "adpsgd_naive": RunConfig(mode="adpsgd_naive", **ADPSGD),
+        "stale-adpsgd": RunConfig(mode="adpsgd", **STALE),
         "slow-allreduce": RunConfig(mode="allreduce", **SLOW),
         # the exactness runs (~0.1 s each) ride with the baselines; the static ones end by
         # max_steps, not by the clock as the "prague" group's do
@@ -76,6 +81,11 @@ GROUPS: dict[str, dict[str, RunConfig]] = {
            for backend in ("p2p", "cached", "precreated")},
         "slow-ready_window": RunConfig(mode="prague", policy=PolicyConfig(name="ready_window"),
                                        **SLOW),
+        "stale-prague-static": RunConfig(mode="prague", policy=STATIC,
+                                         backend="precreated", **STALE),
+        "stale-prague-ready_window": RunConfig(mode="prague",
+                                               policy=PolicyConfig(name="ready_window"),
+                                               backend="cached", **STALE),
     },
 }
 GROUP_OF = {name: group for group, runs in GROUPS.items() for name in runs}
@@ -136,6 +146,28 @@ def test_every_mode_policy_and_backend_ends_cleanly(result, name):
             assert list(members) == sorted(set(members)), f"{name}: group {seq} {members}"
             assert 1 <= len(members) <= largest, f"{name}: group {seq} {members}"
             assert all(0 <= m < WORLD for m in members), f"{name}: group {seq} {members}"
+
+
+@pytest.mark.thread_independent
+@pytest.mark.timeout(SERIES_TIMEOUT_S)
+@pytest.mark.parametrize("name", [n for n in GROUP_OF if n.startswith("stale-")])
+def test_max_staleness_computes_ahead_of_the_group_in_flight(result, name):
+    run = result(name)
+    steps = [s.steps for s in run.stats]
+    if run.config.mode == "prague":
+        syncs = [s.own_groups for s in run.stats]
+    else:  # the active (odd) ranks initiate one exchange each time they sync
+        steps = steps[1::2]
+        syncs = [sum(1 for sp in run.spans if sp.rank == r and sp.name.startswith(
+            "exchange with")) for r in range(1, WORLD, 2)]
+    # a copy takes ~37 steps' compute: with staleness 1 a worker would sync after every
+    # step; here it syncs at most once per step and clearly less often overall
+    assert all(0 < k <= n for k, n in zip(syncs, steps)), (steps, syncs)
+    assert sum(syncs) < 0.6 * sum(steps), (steps, syncs)
+    assert run.pending_groups == 0 and run.timeouts == 0
+    # the workers' own models, scored at every snapshot and at the end
+    assert len(run.local_curve) >= 2 and run.local_curve[-1][0] == float("inf")
+    assert all(0.0 <= worst <= mean <= 1.0 for _, worst, mean in run.local_curve)
 
 
 @pytest.mark.thread_independent

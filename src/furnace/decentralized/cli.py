@@ -143,6 +143,9 @@ def add_parser(subparsers: Any) -> None:
                        help="localsgd: steps between world averages")
     train.add_argument("--no-overlap", action="store_true",
                        help="prague: block on each own group instead of computing on")
+    train.add_argument("--max-staleness", type=int_in(1, 10**6), default=1,
+                       help="prague and adpsgd with overlap: steps a worker may compute "
+                       "while its own group (exchange) is in flight before it waits")
     train.add_argument("--slow", type=_rank_value("FACTOR"), action="append", default=[],
                        help="RANK:FACTOR, that rank's compute factor times slower "
                        "(repeatable; default: none)")
@@ -319,7 +322,8 @@ def run_config(args: argparse.Namespace) -> Any:
                          stop_at_accuracy=args.stop_at_accuracy,
                          snapshot_every_s=args.snapshot_every,
                          local_sgd_period=args.local_sgd_period,
-                         overlap=not args.no_overlap, hetero=hetero, timeout_s=args.timeout,
+                         overlap=not args.no_overlap, max_staleness=args.max_staleness,
+                         hetero=hetero, timeout_s=args.timeout,
                          mlp_hidden=args.mlp_hidden, seed=args.seed)
     except ConfigFieldError as exc:
         raise _config_error(exc) from None

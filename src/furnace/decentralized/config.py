@@ -146,6 +146,14 @@ class RunConfig:
     snapshot_every_s: float = 0.1
     local_sgd_period: int = 8
     overlap: bool = True
+    # with overlap (prague, adpsgd): how many steps a worker may compute while its own
+    # group (exchange) is still in flight; it joins the next one as soon as that ends,
+    # and waits only after this many (1: wait after every step)
+    max_staleness: int = 1
+    # also score every worker's own model at every ``local_score_every``-th snapshot (0:
+    # never): decentralized training has no average model unless it pays a world
+    # all-reduce, and what each worker holds is what mixing decides (note 7.2)
+    local_score_every: int = 0
     hetero: HeteroConfig = field(default_factory=HeteroConfig)
     timeout_s: float = 30.0
     mlp_hidden: int = 1024
@@ -182,6 +190,10 @@ class RunConfig:
         _check(math.isfinite(self.timeout_s) and self.timeout_s > 0, "timeout_s",
                f"> 0, got {self.timeout_s}")
         _check(self.mlp_hidden >= 1, "mlp_hidden", f">= 1, got {self.mlp_hidden}")
+        _check(self.max_staleness >= 1, "max_staleness", f">= 1 step, got "
+               f"{self.max_staleness}")
+        _check(self.local_score_every >= 0, "local_score_every", f">= 0, got "
+               f"{self.local_score_every}")
         if self.mode == "adpsgd":
             _check(self.world_size >= 2, "world_size", "at least one active and one passive")
         if self.backend == "precreated":

@@ -37,6 +37,8 @@ class RunResult:
     generator_requests: int
     spans: list[Span] = field(repr=False, default_factory=list)
     final_parameters: list[Any] = field(repr=False, default_factory=list)
+    # (time, worst worker, mean worker) accuracy of the workers' own models, when scored
+    local_curve: list[tuple[float, float, float]] = field(default_factory=list)
 
     @property
     def total_steps(self) -> int:
@@ -55,6 +57,12 @@ class RunResult:
         """First snapshot time at which the average model reaches ``target``, or None."""
         return next((t for t, acc, _ in self.curve if math.isfinite(t) and acc >= target),
                     None)
+
+    def time_to_local(self, target: float) -> float | None:
+        """First scored time at which every worker's own model reaches ``target``, or
+        None (also when local models were not scored)."""
+        return next((t for t, worst, _ in self.local_curve
+                     if math.isfinite(t) and worst >= target), None)
 
     def breakdown(self) -> dict[str, float]:
         """Seconds per worker, averaged: compute (real), emulated compute, waiting of the
@@ -98,7 +106,8 @@ def _merge(config: RunConfig, reports: Sequence[WorkerReport]) -> RunResult:
                      pending_groups=sum(r.pending_groups for r in reports),
                      generator_requests=sum(r.generator_requests for r in reports),
                      spans=[s for r in reports for s in r.spans],
-                     final_parameters=[r.final_parameters for r in reports])
+                     final_parameters=[r.final_parameters for r in reports],
+                     local_curve=first.local_curve)
 
 
 def _series_body(rank: int, world_size: int, configs: Sequence[RunConfig]) -> list[Any]:

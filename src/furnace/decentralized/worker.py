@@ -138,6 +138,9 @@ class WorkerReport:
     curve: list[tuple[float, float, float]]
     generator_requests: int = 0
     final_parameters: torch.Tensor | None = None
+    # (time, worst worker's accuracy, mean worker's accuracy) of the workers' own models,
+    # when the config asks for it; rank 0 only
+    local_curve: list[tuple[float, float, float]] = field(default_factory=list)
 
 
 class _Shared:
@@ -289,9 +292,11 @@ def run_worker(rank: int, world_size: int, config: RunConfig,
     stats.transients = injector.transients
     dist.barrier()
     curve = _score(rank, world_size, snapshots, snapshot_times, model, flat, split)
+    local_curve = _score_local(rank, world_size, snapshots, snapshot_times, model, flat,
+                               split, config.local_score_every)
     del store
     return WorkerReport(rank, stats, spans, groups_log, pending, snapshot_times, curve,
-                        generator_requests, flat.clone())
+                        generator_requests, flat.clone(), local_curve)
 
 
 def _done(config: RunConfig, stats: WorkerStats, clock: _Clock) -> bool:
@@ -438,6 +443,7 @@ def _run_prague(rank: int, world_size: int, config: RunConfig, shared: _Shared,
                                f"the agreed last round {stop_round}")
         return stop_round is None or requested < stop_round
 
+    ahead = 0  # steps computed since the last request
     try:
         while keep_going():
             if shared.error is not None:
@@ -447,8 +453,14 @@ def _run_prague(rank: int, world_size: int, config: RunConfig, shared: _Shared,
                 break
             compute_step(clock)
             if config.overlap:
+                ahead += 1
+                with shared.cond:
+                    idle = shared.satisfied >= requested
+                if not idle and ahead < config.max_staleness:
+                    continue  # the own group is still in flight: compute on
                 wait_own(requested)
                 request()
+                ahead = 0
             else:
                 request()
                 wait_own(requested)
@@ -595,6 +607,9 @@ def _run_adpsgd(rank: int, world_size: int, config: RunConfig, shared: _Shared,
     overlapped = config.overlap and not naive and initiates
     jobs: queue.Queue[int | None] = queue.Queue()
 
+    idle = threading.Event()  # no exchange of this initiator in flight
+    idle.set()
+
     def initiator() -> None:
         while True:
             peer = jobs.get()
@@ -606,6 +621,7 @@ def _run_adpsgd(rank: int, world_size: int, config: RunConfig, shared: _Shared,
                 shared.fail(exc)
                 return
             finally:
+                idle.set()
                 jobs.task_done()
 
     initiator_thread = threading.Thread(target=initiator, name="adpsgd-initiate",
@@ -613,6 +629,7 @@ def _run_adpsgd(rank: int, world_size: int, config: RunConfig, shared: _Shared,
     if overlapped:
         initiator_thread.start()
     dist.barrier()
+    ahead = 0  # steps computed since the last exchange began
     try:
         while not _done(config, stats, clock):
             if shared.error is not None:
@@ -620,12 +637,17 @@ def _run_adpsgd(rank: int, world_size: int, config: RunConfig, shared: _Shared,
             compute_step(clock)
             if not initiates:
                 continue
+            ahead += 1
+            if overlapped and not idle.is_set() and ahead < config.max_staleness:
+                continue  # the previous exchange is still in flight: compute on
+            ahead = 0
             peer = rng.choice(peers)
             start = clock.now()
             if overlapped:
                 jobs.join()  # the previous exchange, which ran during this step
                 if shared.error is not None:
                     raise shared.error
+                idle.clear()
                 jobs.put(peer)
             else:
                 initiate(peer)
@@ -758,3 +780,32 @@ def _score(rank: int, world_size: int, snapshots: list[torch.Tensor], times: lis
 
 
 _SCORE_CHUNK_BYTES = 32 << 20
+
+
+def _score_local(rank: int, world_size: int, snapshots: list[torch.Tensor],
+                 times: list[float], model: nn.Module, flat: torch.Tensor, split: Any,
+                 every: int) -> list[tuple[float, float, float]]:
+    """Every rank scores its own model at every ``every``-th snapshot and at the end (the
+    ranks score in parallel); rank 0 gets (time, worst, mean) accuracy over the workers.
+    Nothing (and no collective) when ``every`` is 0."""
+    if every <= 0:
+        return []
+    count = torch.tensor([len(snapshots)], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    picked = list(range(0, int(count.item()), every))
+    with torch.no_grad():
+        final = flat.clone()
+        accs = []
+        for k in picked:
+            flat.copy_(snapshots[k])
+            accs.append(accuracy(model, split.test_x, split.test_y))
+        flat.copy_(final)
+        accs.append(accuracy(model, split.test_x, split.test_y))
+    worst = torch.tensor(accs, dtype=torch.float64)
+    mean = worst.clone()
+    dist.all_reduce(worst, op=dist.ReduceOp.MIN)
+    dist.all_reduce(mean)
+    if rank != 0:
+        return []
+    stamps = [times[k] for k in picked] + [float("inf")]
+    return [(t, float(w), float(m) / world_size) for t, w, m in zip(stamps, worst, mean)]
