@@ -18,6 +18,8 @@ _FOLDER = str(Path(__file__).parent)
 
 BAD_INPUTS: list[tuple[str, list[str]]] = [
     ("train-slow-factor-zero", [*_TRAIN, "--slow", "0:0"]),
+    ("train-label-alpha-zero", [*_TRAIN, "--label-alpha", "0"]),
+    ("train-label-alpha-negative", [*_TRAIN, "--label-alpha", "-1"]),
     ("train-max-staleness-zero", [*_TRAIN, "--max-staleness", "0"]),
     ("train-slow-factor-below-one", [*_TRAIN, "--slow", "1:0.5"]),
     ("train-slow-rank-outside-world", [*_TRAIN, "--ranks", "4", "--slow", "4:2"]),

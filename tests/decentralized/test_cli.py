@@ -87,3 +87,23 @@ def test_a_config_error_names_the_flag(capsys):
     assert main(["decentralized", "train", "--ranks", "4", "--group-size", "5"]) == 2
     err = capsys.readouterr().err
     assert "--group-size" in err and "Traceback" not in err
+
+
+def test_a_label_skew_that_starves_a_worker_is_refused_before_any_rank(monkeypatch, capsys):
+    # the digits give every alpha a workable draw at <= 8 ranks within the redraws, so the
+    # refusal is forced here; what is checked is that it exits 2 naming the flag, before
+    # any rank is spawned
+    from furnace.decentralized import tasks, train
+
+    def starve(*args, **kwargs):
+        raise ValueError("label_alpha 1e-06 leaves some of 8 workers under 10 samples")
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("a rank was started")
+
+    monkeypatch.setattr(tasks, "label_skewed_indices", starve)
+    monkeypatch.setattr(train, "train", no_spawn)
+    assert main(["decentralized", "train", "--ranks", "8", "--label-alpha", "1e-6"]) == 2
+    err = capsys.readouterr().err
+    assert "--label-alpha" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err

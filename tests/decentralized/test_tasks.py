@@ -5,10 +5,13 @@ smoke test, and the flat parameter and gradient buffers that P-Reduce averages i
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
 from furnace.decentralized.tasks import (
+    MIN_SKEWED_SHARD,
     TASKS,
     DigitsCNN,
     DigitsMLP,
@@ -16,6 +19,7 @@ from furnace.decentralized.tasks import (
     build_model,
     flat_gradients,
     flat_parameters,
+    label_skewed_indices,
     load_digits_split,
     load_state_into,
     loss_fn,
@@ -82,6 +86,44 @@ def test_shards_are_disjoint_and_cover_the_training_set():
         assert torch.equal(x, split.train_x[r::world]) and torch.equal(y, split.train_y[r::world])
     with pytest.raises(ValueError):
         shard(split, 3, 3)
+
+
+def _class_shares(y: torch.Tensor) -> torch.Tensor:
+    return torch.bincount(y, minlength=10).double() / len(y)
+
+
+@pytest.mark.thread_independent
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_label_skewed_shards_are_disjoint_cover_and_are_skewed(world):
+    split = load_digits_split(seed=0)
+    parts = label_skewed_indices(split.train_y, world, 0.1, seed=3)
+    seen = torch.cat(parts).sort().values
+    assert torch.equal(seen, torch.arange(len(split.train_y)))
+    assert min(len(p) for p in parts) >= MIN_SKEWED_SHARD
+    # shard() returns exactly these rows, and the same seed gives the same partition
+    for rank, idx in enumerate(parts):
+        x, y = shard(split, rank, world, label_alpha=0.1, seed=3)
+        assert torch.equal(x, split.train_x[idx]) and torch.equal(y, split.train_y[idx])
+    again = label_skewed_indices(split.train_y, world, 0.1, seed=3)
+    assert all(torch.equal(a, b) for a, b in zip(parts, again))
+    # skew: at alpha 0.1 a worker's class shares are far from the training set's (total
+    # variation distance; iid strides give < 0.1 here, a worker with a few classes > 0.4)
+    overall = _class_shares(split.train_y)
+    skewed = [0.5 * float((_class_shares(split.train_y[p]) - overall).abs().sum())
+              for p in parts]
+    iid = [0.5 * float((_class_shares(shard(split, r, world)[1]) - overall).abs().sum())
+           for r in range(world)]
+    assert max(iid) < 0.1, iid
+    assert statistics.mean(skewed) > 0.4, skewed
+
+
+@pytest.mark.thread_independent
+def test_label_skew_that_starves_a_worker_is_refused():
+    # 12 samples cannot give 4 workers 10 each, whatever the draw
+    with pytest.raises(ValueError, match="larger alpha"):
+        label_skewed_indices(torch.arange(12) % 10, 4, 1.0, seed=0)
+    with pytest.raises(ValueError, match="label_alpha"):
+        label_skewed_indices(torch.arange(100) % 10, 4, 0.0, seed=0)
 
 
 def test_sample_batch_is_seeded_and_draws_from_the_shard():

@@ -68,6 +68,10 @@ GROUPS: dict[str, dict[str, RunConfig]] = {
         "exact-prague-static-precreated": RunConfig(mode="prague", policy=STATIC,
                                                     overlap=False, backend="precreated",
                                                     **EXACT),
+        # label-skewed shards: each rank must draw from its own Dirichlet shard, as the
+        # replay does
+        "exact-prague-static-skewed": RunConfig(mode="prague", policy=STATIC, overlap=False,
+                                                backend="p2p", label_alpha=0.3, **EXACT),
         "exact-dpsgd": RunConfig(mode="dpsgd", **EXACT),
         "exact-localsgd": RunConfig(mode="localsgd", local_sgd_period=3, **EXACT),
     },

@@ -42,7 +42,8 @@ _FLAG_OF_FIELD = {
     "compute_ms": "--compute-ms", "duration_s": "--duration", "max_steps": "--max-steps",
     "stop_at_accuracy": "--stop-at-accuracy", "snapshot_every_s": "--snapshot-every",
     "local_sgd_period": "--local-sgd-period", "timeout_s": "--timeout",
-    "mlp_hidden": "--mlp-hidden", "slow": "--slow", "slow_links": "--slow-link",
+    "mlp_hidden": "--mlp-hidden", "label_alpha": "--label-alpha", "slow": "--slow",
+    "slow_links": "--slow-link",
     "transient_prob": "--transient", "transient_factor": "--transient",
     "workers": "--workers", "compute_s": "--compute-ms", "model_bytes": "--model-mb",
 }
@@ -120,6 +121,10 @@ def add_parser(subparsers: Any) -> None:
                        "(bandwidth-bound); both on scikit-learn's digits, 297 held out")
     train.add_argument("--mlp-hidden", type=int_in(1, 1 << 16), default=1024,
                        help="digits_mlp: hidden width")
+    train.add_argument("--label-alpha", type=float_in(0.0, 1e6, lo_open=True), default=None,
+                       help="label-skewed shards: each class split among the workers by "
+                       "Dirichlet(ALPHA) proportions (small: a few classes per worker; "
+                       "none: iid shards)")
     train.add_argument("--batch-size", type=int_in(1, 1 << 16), default=32,
                        help="samples per worker and step")
     train.add_argument("--lr", type=float_in(0.0, 100.0, lo_open=True), default=0.05,
@@ -324,9 +329,24 @@ def run_config(args: argparse.Namespace) -> Any:
                          local_sgd_period=args.local_sgd_period,
                          overlap=not args.no_overlap, max_staleness=args.max_staleness,
                          hetero=hetero, timeout_s=args.timeout,
-                         mlp_hidden=args.mlp_hidden, seed=args.seed)
+                         mlp_hidden=args.mlp_hidden, label_alpha=args.label_alpha,
+                         seed=args.seed)
     except ConfigFieldError as exc:
         raise _config_error(exc) from None
+
+
+def _check_shards(config: Any) -> None:
+    """A label skew that leaves a worker (almost) without data is refused here, before
+    any rank loads it."""
+    if config.label_alpha is None:
+        return
+    from .tasks import label_skewed_indices, load_digits_split
+
+    labels = load_digits_split(seed=config.seed).train_y
+    try:
+        label_skewed_indices(labels, config.world_size, config.label_alpha, config.seed)
+    except ValueError as exc:
+        raise UsageError("--label-alpha", str(exc)) from None
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -336,6 +356,7 @@ def _train(args: argparse.Namespace) -> int:
     from .train import train, write_trace
 
     config = run_config(args)
+    _check_shards(config)
     result = train(config, progress=True)
     if result is None:  # a torchrun rank other than 0
         return 0

@@ -120,10 +120,11 @@ class HeteroConfig:
 class RunConfig:
     """One decentralized training run.
 
-    Every worker trains on its own iid shard with ``batch_size`` samples per step and its
-    own optimizer state (SGD with momentum). ``compute_ms`` is the emulated accelerator
-    time of one step at factor 1, slept after the real forward and backward so that
-    several processes on two cores measure synchronization rather than CPU contention.
+    Every worker trains on its own shard (iid, or label-skewed with ``label_alpha``) with
+    ``batch_size`` samples per step and its own optimizer state (SGD with momentum).
+    ``compute_ms`` is the emulated accelerator time of one step at factor 1, slept after
+    the real forward and backward so that several processes on two cores measure
+    synchronization rather than CPU contention.
     A run lasts ``duration_s`` of wall time (each worker stops on its own clock; allreduce,
     dpsgd and localsgd decide collectively), or ``max_steps`` steps per worker, whichever
     comes first; ``stop_at_accuracy`` ends a synchronous run once its model reaches it.
@@ -157,6 +158,8 @@ class RunConfig:
     hetero: HeteroConfig = field(default_factory=HeteroConfig)
     timeout_s: float = 30.0
     mlp_hidden: int = 1024
+    # None: iid shards; a Dirichlet concentration: label-skewed shards (tasks.shard)
+    label_alpha: float | None = None
     # each rank's initial parameters plus this much iid noise (seeded by rank), so that
     # the consensus distance starts above zero and its decay per synchronization shows
     init_spread: float = 0.0
@@ -189,6 +192,9 @@ class RunConfig:
                f">= 1, got {self.local_sgd_period}")
         _check(math.isfinite(self.timeout_s) and self.timeout_s > 0, "timeout_s",
                f"> 0, got {self.timeout_s}")
+        if self.label_alpha is not None:
+            _check(math.isfinite(self.label_alpha) and self.label_alpha > 0, "label_alpha",
+                   f"a finite number > 0, got {self.label_alpha}")
         _check(self.mlp_hidden >= 1, "mlp_hidden", f">= 1, got {self.mlp_hidden}")
         _check(self.max_staleness >= 1, "max_staleness", f">= 1 step, got "
                f"{self.max_staleness}")

@@ -56,7 +56,8 @@ def replay(config: RunConfig, steps: int) -> list[torch.Tensor]:
     if mode not in ("allreduce", "prague", "dpsgd", "localsgd"):
         raise ValueError(f"mode {mode!r} depends on timing; replay cannot reproduce it")
     split = load_digits_split(seed=config.seed)
-    shards = [shard(split, r, n) for r in range(n)]
+    shards = [shard(split, r, n, label_alpha=config.label_alpha, seed=config.seed)
+              for r in range(n)]
     models = [build_model(config.task, config.seed, hidden=config.mlp_hidden)
               for _ in range(n)]
     flats = [flat_parameters(m) for m in models]

@@ -17,10 +17,12 @@ def print_run(console: Any, result: RunResult, *, target: float) -> None:
 
     c = result.config
     slow = ", ".join(f"rank {r} x{f:g}" for r, f in c.hetero.slow) or "none"
+    shards = ("iid shards" if c.label_alpha is None
+              else f"label-skewed shards (Dirichlet {c.label_alpha:g})")
     console.print(f"{c.mode}" + (f" ({c.policy.name}, {c.backend})" if c.mode == "prague"
                                  else "") +
-                  f" on {c.world_size} ranks, {c.task}, emulated compute {c.compute_ms:g} ms "
-                  f"per step, slow: {slow}")
+                  f" on {c.world_size} ranks, {c.task}, {shards}, emulated compute "
+                  f"{c.compute_ms:g} ms per step, slow: {slow}")
     reached = result.time_to(target)
     console.print(f"wall {result.wall_s:.2f} s (emulated compute); throughput "
                   f"{result.throughput:.1f} steps/s all workers; steps per worker "

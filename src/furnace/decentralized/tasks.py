@@ -14,6 +14,7 @@ The data ships inside scikit-learn (no download); scikit-learn is the optional e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -24,9 +25,10 @@ from torch import nn
 
 from .config import TASKS
 
-__all__ = ["TASKS", "DigitsCNN", "DigitsMLP", "DigitsSplit", "accuracy", "build_model",
-           "flat_gradients", "flat_parameters", "load_digits_split", "load_state_into",
-           "loss_fn", "parameter_vector", "sample_batch", "shard"]
+__all__ = ["MIN_SKEWED_SHARD", "TASKS", "DigitsCNN", "DigitsMLP", "DigitsSplit", "accuracy",
+           "build_model", "flat_gradients", "flat_parameters", "label_skewed_indices",
+           "load_digits_split", "load_state_into", "loss_fn", "parameter_vector",
+           "sample_batch", "shard"]
 
 # load_digits stores pixel intensities as counts 0..16 (4x4 blocks of a 32x32 bitmap)
 _PIXEL_MAX = 16.0
@@ -70,13 +72,57 @@ def load_digits_split(seed: int = 0, test_size: int = 297) -> DigitsSplit:
                        test_x=x[:test_size].clone(), test_y=y[:test_size].clone())
 
 
-def shard(split: DigitsSplit, rank: int, world_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank's iid shard of the training set: every world_size-th image from ``rank`` on.
-    The split is already randomly permuted, so strides are iid and shards are disjoint
-    and together cover the training set."""
+def shard(split: DigitsSplit, rank: int, world_size: int, *,
+          label_alpha: float | None = None, seed: int = 0
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank's shard of the training set. Shards are disjoint and together cover it.
+
+    Without ``label_alpha``: iid, every world_size-th image from ``rank`` on (the split is
+    already randomly permuted). With it: label-skewed, each class split among the workers
+    in proportions drawn from Dirichlet(label_alpha) (Hsu et al., 2019, "Measuring the
+    effects of non-identical data distribution"); small alpha gives each worker a few
+    classes, large alpha tends to iid. ``seed`` draws the proportions, the same on every
+    rank."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank {rank} of {world_size}")
-    return split.train_x[rank::world_size], split.train_y[rank::world_size]
+    if label_alpha is None:
+        return split.train_x[rank::world_size], split.train_y[rank::world_size]
+    mine = label_skewed_indices(split.train_y, world_size, label_alpha, seed)[rank]
+    return split.train_x[mine], split.train_y[mine]
+
+
+# a label-skewed partition is redrawn until every worker holds at least this many
+# samples (as FedML's Dirichlet partitioner does), and given up after this many draws
+MIN_SKEWED_SHARD = 10
+_SKEW_DRAWS = 100
+
+
+def label_skewed_indices(labels: torch.Tensor, world_size: int, alpha: float,
+                         seed: int) -> list[torch.Tensor]:
+    """The Dirichlet label partition of `shard`: one sorted index tensor per worker. Each
+    class's samples are cut among the workers at cumulative proportions drawn from
+    Dirichlet(alpha); the whole draw is repeated (from the same seeded stream) until every
+    worker holds at least ``MIN_SKEWED_SHARD`` samples. Raises ValueError when no draw of
+    ``_SKEW_DRAWS`` does (alpha too small for this many workers)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not (math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"label_alpha must be a finite number > 0, got {alpha}")
+    rng = np.random.default_rng(seed)
+    y = labels.numpy()
+    by_class = [np.flatnonzero(y == c) for c in np.unique(y)]
+    for _ in range(_SKEW_DRAWS):
+        parts: list[list[np.ndarray]] = [[] for _ in range(world_size)]
+        for idx in by_class:
+            shares = rng.dirichlet([alpha] * world_size)
+            cuts = np.round(np.cumsum(shares)[:-1] * len(idx)).astype(int)
+            for w, chunk in enumerate(np.split(idx, cuts)):
+                parts[w].append(chunk)
+        sizes = [sum(len(c) for c in p) for p in parts]
+        if min(sizes) >= MIN_SKEWED_SHARD:
+            return [torch.from_numpy(np.sort(np.concatenate(p))) for p in parts]
+    raise ValueError(f"label_alpha {alpha:g} leaves some of {world_size} workers under "
+                     f"{MIN_SKEWED_SHARD} samples in {_SKEW_DRAWS} draws; use a larger alpha")
 
 
 def sample_batch(x: torch.Tensor, y: torch.Tensor, batch_size: int,

@@ -82,6 +82,7 @@ class RunResult:
     def summary(self) -> dict[str, Any]:
         return {"mode": self.config.mode, "policy": self.config.policy.name,
                 "world_size": self.config.world_size, "wall_s": self.wall_s,
+                "label_alpha": self.config.label_alpha,
                 "steps": [s.steps for s in self.stats], "throughput": self.throughput,
                 "final_accuracy": self.final_accuracy,
                 "final_consensus": self.final_consensus, "timeouts": self.timeouts,

@@ -206,7 +206,8 @@ def run_worker(rank: int, world_size: int, config: RunConfig,
                          f"{world_size} ranks")
     torch.manual_seed(config.seed * 7919 + rank)
     split = load_digits_split(seed=config.seed)
-    x_shard, y_shard = shard(split, rank, world_size)
+    x_shard, y_shard = shard(split, rank, world_size, label_alpha=config.label_alpha,
+                             seed=config.seed)
     model = build_model(config.task, config.seed, hidden=config.mlp_hidden)
     flat = flat_parameters(model)
     flat_grad = flat_gradients(model)
@@ -291,9 +292,13 @@ def run_worker(rank: int, world_size: int, config: RunConfig,
     stats.wall_s = clock.now()
     stats.transients = injector.transients
     dist.barrier()
-    curve = _score(rank, world_size, snapshots, snapshot_times, model, flat, split)
-    local_curve = _score_local(rank, world_size, snapshots, snapshot_times, model, flat,
-                               split, config.local_score_every)
+    # the snapshots every rank took (a rank's snapshotter may have stopped one early)
+    count = torch.tensor([len(snapshots)], dtype=torch.int64)
+    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    common, common_times = snapshots[:int(count.item())], snapshot_times[:int(count.item())]
+    curve = _score(rank, world_size, common, common_times, model, flat, split)
+    local_curve = _score_local(rank, world_size, common, common_times, model, flat, split,
+                               config.local_score_every)
     del store
     return WorkerReport(rank, stats, spans, groups_log, pending, snapshot_times, curve,
                         generator_requests, flat.clone(), local_curve)
@@ -750,15 +755,13 @@ def _run_synchronous(rank: int, world_size: int, config: RunConfig, shared: _Sha
 def _score(rank: int, world_size: int, snapshots: list[torch.Tensor], times: list[float],
            model: nn.Module, flat: torch.Tensor, split: Any
            ) -> list[tuple[float, float, float]]:
-    """Average the snapshots over the world; rank 0 scores each average on the held-out
-    split. Returns (time, accuracy of the average model, consensus distance); the last
-    entry, at time inf, is the final models after the run."""
-    count = torch.tensor([len(snapshots)], dtype=torch.int64)
-    dist.all_reduce(count, op=dist.ReduceOp.MIN)
+    """Average the snapshots (as many on every rank) over the world; rank 0 scores each
+    average on the held-out split. Returns (time, accuracy of the average model, consensus
+    distance); the last entry, at time inf, is the final models after the run."""
     with torch.no_grad():
         final = flat.clone()
-        states = [*snapshots[:int(count.item())], final]
-        stamps = [*times[:int(count.item())], float("inf")]
+        states = [*snapshots, final]
+        stamps = [*times, float("inf")]
         curve = []
         # several snapshots per all-reduce (chunks of at most _SCORE_CHUNK_BYTES), since
         # one all-reduce per snapshot costs more than the scoring itself
@@ -785,14 +788,12 @@ _SCORE_CHUNK_BYTES = 32 << 20
 def _score_local(rank: int, world_size: int, snapshots: list[torch.Tensor],
                  times: list[float], model: nn.Module, flat: torch.Tensor, split: Any,
                  every: int) -> list[tuple[float, float, float]]:
-    """Every rank scores its own model at every ``every``-th snapshot and at the end (the
-    ranks score in parallel); rank 0 gets (time, worst, mean) accuracy over the workers.
-    Nothing (and no collective) when ``every`` is 0."""
+    """Every rank scores its own model at every ``every``-th snapshot (as many on every
+    rank) and at the end, the ranks in parallel; rank 0 gets (time, worst, mean) accuracy
+    over the workers. Nothing (and no collective) when ``every`` is 0."""
     if every <= 0:
         return []
-    count = torch.tensor([len(snapshots)], dtype=torch.int64)
-    dist.all_reduce(count, op=dist.ReduceOp.MIN)
-    picked = list(range(0, int(count.item()), every))
+    picked = list(range(0, len(snapshots), every))
     with torch.no_grad():
         final = flat.clone()
         accs = []
