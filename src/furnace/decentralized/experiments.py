@@ -44,8 +44,8 @@ MLP = "MLP: "
 # where how well a mode mixes decides more than on iid shards (note 2.2 and 8)
 SKEW_ALPHA = 0.1
 SKEW = "label-skewed: "
-# the partition varies with the seed, and so does the outcome (0.80-1.49x at 95% in one
-# run of six seeds): more seeds than the iid comparison
+# the partition varies with the seed, and so does the outcome (0.77-1.79x at 95% over the
+# six seeds of two full runs): more seeds than the iid comparison
 SKEW_REPEATS = 6
 
 
@@ -248,9 +248,8 @@ def _seed_ratios(base: Sequence[RunResult], ours: Sequence[RunResult], target: f
             for b, o in zip(base, ours)]
 
 
-def _per_seed(base: Sequence[RunResult], ours: Sequence[RunResult], target: float) -> str:
-    return ", ".join("not reached" if x is None else f"{x:.2f}x"
-                     for x in _seed_ratios(base, ours, target))
+def _per_seed(ratios: Sequence[float | None]) -> str:
+    return ", ".join("not reached" if x is None else f"{x:.2f}x" for x in ratios)
 
 
 def _curve_figure(ctx: RunContext, runs: dict[str, list[RunResult]], names: Sequence[str],
@@ -364,7 +363,7 @@ def time_to_accuracy(ctx: RunContext) -> Result:
         # faster only if every seed says so: the medians of 3 seeds alone have flipped
         # either way between runs of this command (0.91-1.17x)
         per_seed = _seed_ratios(ad, static, t)
-        seeds = _per_seed(ad, static, t)
+        seeds = _per_seed(per_seed)
         claims.append(Claim(f"equal workers: Prague (static) vs AD-PSGD, time to {t:.0%}",
                             "3.7x", f"{text_ad}; per seed {seeds} (target: > 1x in every "
                             "seed)", "emulated", PAPER,
@@ -386,14 +385,13 @@ def time_to_accuracy(ctx: RunContext) -> Result:
         for t in TARGETS:
             _, text = _speedup(_median_time(skew_ad, t), skew_ad[0].config.duration_s,
                                _median_time(skew_static, t))
-            faster = sum(x is not None and x > 1.0
-                         for x in _seed_ratios(skew_ad, skew_static, t))
+            ratios = _seed_ratios(skew_ad, skew_static, t)
+            faster = sum(x is not None and x > 1.0 for x in ratios)
             claims.append(Claim(f"equal workers, label-skewed shards (Dirichlet "
                                 f"{SKEW_ALPHA:g}): Prague (static) vs AD-PSGD, time to "
                                 f"{t:.0%}", "-", f"{text}; faster in {faster} of "
                                 f"{len(skew_static)} seeds: "
-                                f"{_per_seed(skew_ad, skew_static, t)}", "emulated", PAPER,
-                                None))
+                                f"{_per_seed(ratios)}", "emulated", PAPER, None))
     thr = statistics.median(r.throughput for r in static) / statistics.median(
         r.throughput for r in ad)
     claims.append(Claim("equal workers: Prague (static) vs AD-PSGD, throughput", "-",
